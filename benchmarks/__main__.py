@@ -1,0 +1,101 @@
+"""python -m benchmarks: check every variant on a suite, time it and cuDNN, save CSV and PNG.
+
+    python -m benchmarks --suite quick
+    python -m benchmarks --suite seed --variants naive z_out
+    python -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC
+
+Writes ``benchmarks/results/<gpu>/<suite>.csv`` and ``.png`` (suffixed with dtype/layout when
+not fp32/NCHW). The CSV's rows carry the GPU, driver, CUDA, torch, cuDNN and pycuda versions.
+Exit status: 0 if every check passed, 1 if any failed, 2 without an NVIDIA GPU or on bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from helpers.suites import SUITES
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suite", default="quick", choices=sorted(SUITES), help="problem suite (default: quick)")
+    ap.add_argument("--variants", nargs="+", default=None, help="variant names (default: all registered)")
+    ap.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="override the suite's dtype")
+    ap.add_argument("--layout", default=None, choices=["NCHW", "NHWC"], help="override the suite's layout")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<gpu>)")
+    ap.add_argument("--no-check", action="store_true", help="time without checking correctness first")
+    ap.add_argument("--skip-big", action="store_true", help="leave out problems with tensors of >= 2^31 elements")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from helpers import gpu
+
+    if not gpu.has_gpu():
+        print(
+            "python -m benchmarks needs an NVIDIA GPU: torch sees no CUDA device here.\n"
+            "The CPU-only parts (tests, problem shapes) run with: python -m pytest tests",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        gpu.init()
+    except gpu.NoGPUError as e:
+        print(f"python -m benchmarks: {e}", file=sys.stderr)
+        return 2
+
+    import pandas as pd
+
+    from helpers import bench as B
+    from helpers import plots, suites, variants
+
+    try:
+        vs = [variants.get(v) for v in args.variants] if args.variants else variants.all_variants()
+    except KeyError as e:
+        print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
+        return 2
+    probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout)
+    if args.skip_big:
+        probs = [p for p in probs if not suites.is_big(p)]
+    df = B.bench(vs, probs, check=not args.no_check, progress=not args.no_progress)
+
+    meta = gpu.versions()
+    with B.cudnn_fp32_ieee() as prec:
+        meta = {**meta, "cudnn_fp32_precision": prec, "suite": args.suite,
+                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
+    for k, v in meta.items():
+        df[k] = v
+    stem = args.suite
+    if args.dtype or args.layout:
+        stem += "_" + "_".join(s for s in (args.dtype, args.layout) if s)
+    out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{stem}.csv", index=False)
+    fig = plots.plot_bench(df, f"{args.suite} on {meta['gpu']} (cuDNN fp32 precision: {prec})")
+    fig.savefig(out / f"{stem}.png", dpi=110)
+
+    pd.set_option("display.width", 200)
+    shown = df[["problem", "variant", "ms_p50", "x_cudnn", "tflops", "status"]]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    gm = B.geomean_x_cudnn(df)
+    print("\ngeomean x cuDNN:", ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
+    print(f"wrote {out / stem}.csv and .png  ({meta['gpu']}, driver {meta['driver']}, CUDA {meta['cuda']}, "
+          f"torch {meta['torch']}, cuDNN {meta['cudnn']})")  # fmt: skip
+    failed = df[df.ok == False]  # noqa: E712 - ok is True/False/None
+    if len(failed):
+        print(f"\n{len(failed)} FAILED checks:", file=sys.stderr)
+        print(failed[["problem", "variant", "status"]].to_string(index=False), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Compile kernels from ``kernels/conv2d`` with ``-D`` defines; report their resource use.
+
+Two paths share one option list so they build the same code:
+
+* `load_kernel` builds with pycuda's ``SourceModule`` for the current device (needs a GPU) and
+  returns the function with its registers, static shared memory and local memory. Modules are
+  cached in-process by (file, source, defines, arch); pycuda caches the cubin on disk keyed on
+  the preprocessed source, so editing a header rebuilds too.
+* `nvcc_compile` runs plain ``nvcc -cubin -Xptxas -v`` for any architecture (no GPU needed; CI
+  uses it for sm_75..sm_120) and `parse_ptxas` turns its report into numbers.
+
+Kernels are written with explicit ``extern "C" __global__`` and loaded with ``no_extern_c=True``,
+so C++ headers (``cuda_fp16.h``, ``mma.h``) work and the entry names are unmangled.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels" / "conv2d"
+NVCC_OPTIONS = ["-lineinfo", "-std=c++17"]
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_120")
+
+
+def kernel_path(cu_file: str) -> Path:
+    """Absolute path of a kernel file named relative to ``kernels/conv2d``.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    p = KERNEL_DIR / cu_file
+    if not p.is_file():
+        raise FileNotFoundError(f"no kernel file {p}")
+    return p
+
+
+def define_flags(defines: dict | None) -> list[str]:
+    """``{"TILE": 16, "ACCUM": "double"}`` -> ``["-DACCUM=double", "-DTILE=16"]`` (sorted)."""
+    return [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A loaded kernel and what ptxas gave it.
+
+    Attributes:
+        function: the ``pycuda.driver.Function``.
+        num_regs: registers per thread.
+        shared_static_bytes: statically declared ``__shared__`` bytes per block.
+        local_bytes: local memory per thread (stack and spills; 0 is what we want).
+        max_threads_per_block: the most threads a block of this kernel may have.
+    """
+
+    function: object
+    num_regs: int
+    shared_static_bytes: int
+    local_bytes: int
+    max_threads_per_block: int
+    module: object
+
+
+_modules: dict = {}
+
+
+def load_kernel(cu_file: str, entry: str, defines: dict | None = None, dynamic_smem: int = 0) -> CompiledKernel:
+    """Build ``kernels/conv2d/<cu_file>`` for the current GPU and return ``entry`` from it.
+
+    Args:
+        cu_file: file name relative to ``kernels/conv2d``.
+        entry: the ``extern "C" __global__`` function's name.
+        defines: compile-time parameters passed as ``-D`` flags.
+        dynamic_smem: dynamic shared bytes the caller will launch with; above 48 KB the kernel
+            is opted in with ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the
+            device's opt-in limit).
+
+    Raises:
+        NoGPUError: no GPU or no pycuda.
+        pycuda.driver.CompileError: nvcc failed (its log is in the message).
+        ValueError: ``dynamic_smem`` over what the device allows.
+    """
+    from . import gpu
+
+    gpu.init()
+    import pycuda.driver as drv
+    from pycuda.compiler import SourceModule
+
+    info = gpu.device_info()
+    path = kernel_path(cu_file)
+    src = path.read_text()
+    key = (str(path), src, tuple(sorted((defines or {}).items())), info.arch)
+    mod = _modules.get(key)
+    if mod is None:
+        mod = SourceModule(
+            src,
+            options=NVCC_OPTIONS + define_flags(defines),
+            include_dirs=[str(KERNEL_DIR)],
+            no_extern_c=True,
+            arch=info.arch,
+        )
+        _modules[key] = mod
+    fn = mod.get_function(entry)
+    static = fn.shared_size_bytes
+    if dynamic_smem + static > info.smem_per_block_optin:
+        raise ValueError(
+            f"{cu_file}:{entry} needs {static} B static + {dynamic_smem} B dynamic shared memory; "
+            f"{info.name} allows {info.smem_per_block_optin} B per block"
+        )
+    if dynamic_smem > 48 * 1024:
+        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+    return CompiledKernel(
+        function=fn,
+        num_regs=fn.num_regs,
+        shared_static_bytes=static,
+        local_bytes=fn.local_size_bytes,
+        max_threads_per_block=fn.max_threads_per_block,
+        module=mod,
+    )
+
+
+# ---- nvcc without a GPU ----------------------------------------------------------------------
+
+
+def nvcc_available() -> bool:
+    return shutil.which("nvcc") is not None
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """One function's line of ``-Xptxas -v``: registers, shared/stack bytes, spill bytes."""
+
+    entry: str
+    arch: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+
+_FUNC = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+a?)'")
+_REGS = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def parse_ptxas(log: str) -> list[PtxasReport]:
+    """Parse ``nvcc -Xptxas -v`` output into one `PtxasReport` per entry function.
+
+    CUDA 13 prints no ``cmem`` field and may omit ``smem``; missing fields read as 0.
+    """
+    out: list[PtxasReport] = []
+    cur = None
+    fields: dict = {}
+    for line in log.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            if cur:
+                out.append(PtxasReport(cur[0], cur[1], **fields))
+            cur = (m.group(1), m.group(2))
+            fields = dict(registers=0, shared_bytes=0, stack_bytes=0, spill_stores=0, spill_loads=0)
+            continue
+        if cur is None:
+            continue
+        if m := _STACK.search(line):
+            fields.update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
+        if m := _REGS.search(line):
+            fields["registers"] = int(m[1])
+            if s := _SMEM.search(line):
+                fields["shared_bytes"] = int(s[1])
+    if cur:
+        out.append(PtxasReport(cur[0], cur[1], **fields))
+    return out
+
+
+def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None) -> tuple[list[PtxasReport], str]:
+    """Compile with plain ``nvcc -cubin -Xptxas -v`` (no GPU needed); return (reports, log).
+
+    Raises:
+        FileNotFoundError: nvcc is not on PATH, or no such kernel file.
+        RuntimeError: nvcc failed; the message holds its output.
+    """
+    if not nvcc_available():
+        raise FileNotFoundError("nvcc is not on PATH")
+    path = kernel_path(cu_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            "nvcc", "-cubin", f"-arch={arch}", "-Xptxas", "-v", *NVCC_OPTIONS,
+            *define_flags(defines), "-I", str(KERNEL_DIR), str(path), "-o", str(Path(tmp) / "k.cubin"),
+        ]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {cu_file} ({arch}, {defines}):\n{log}")
+    return parse_ptxas(log), log

@@ -1,0 +1,213 @@
+"""The one CUDA context shared by torch and pycuda, and facts about the device.
+
+pycuda is imported lazily: it cannot even be imported on a machine without the NVIDIA driver,
+and everything else in ``helpers`` (problems, suites, launch configs, plots) works there.
+
+The context is the device's *primary* context, the one torch uses. We initialise torch first,
+retain the primary context in pycuda and push it; at exit we pop it again, so the interpreter
+ends without pycuda's "context stack was not empty" abort. We never use ``pycuda.autoinit``:
+it creates a second context whose pointers torch cannot use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import subprocess
+from dataclasses import asdict, dataclass
+
+import torch
+
+_ctx = None
+
+
+class NoGPUError(RuntimeError):
+    """Raised when an NVIDIA GPU (or its driver, or pycuda) is not available."""
+
+
+def has_gpu() -> bool:
+    """True when torch sees a CUDA device. Never raises."""
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken driver install counts as "no GPU"
+        return False
+
+
+def init(device: int = 0):
+    """Make the device's primary context current for pycuda; return it. Idempotent.
+
+    Raises:
+        NoGPUError: no CUDA device, or pycuda is not installed / cannot load libcuda.
+    """
+    global _ctx
+    if _ctx is not None:
+        return _ctx
+    if not has_gpu():
+        raise NoGPUError("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False)")
+    torch.cuda.set_device(device)
+    torch.empty(1, device=f"cuda:{device}")  # torch creates and binds the primary context
+    try:
+        import pycuda.driver as drv
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise NoGPUError(
+            f"pycuda is not importable ({e}); install it with `pip install pycuda` on a machine "
+            "with the NVIDIA driver and the CUDA toolkit"
+        ) from e
+    drv.init()
+    ctx = drv.Device(device).retain_primary_context()
+    ctx.push()
+    _ctx = ctx
+    atexit.register(_release)
+    return ctx
+
+
+def _release() -> None:
+    global _ctx
+    if _ctx is None:
+        return
+    import pycuda.driver as drv
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - exiting anyway; a sticky error must not abort the pop
+        pass
+    # Pop every context we (or a caller) pushed, so pycuda's exit check finds an empty stack.
+    while drv.Context.get_current() is not None:
+        drv.Context.pop()
+    _ctx = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the harness and the notebooks need to know about the GPU.
+
+    Peak rates are estimates from the SM count, clock and per-SM unit counts of the
+    architecture (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table);
+    treat them as ceilings to compare with, not as measurements.
+    """
+
+    name: str
+    cc: tuple[int, int]
+    sms: int
+    smem_per_block: int  # bytes available without opt-in (48 KB)
+    smem_per_block_optin: int  # bytes a kernel may opt into with MAX_DYNAMIC_SHARED_SIZE_BYTES
+    smem_per_sm: int
+    regs_per_sm: int
+    l2_bytes: int
+    total_mem_bytes: int
+    clock_mhz: float | None
+    fp32_per_sm_per_clk: int  # FMA lanes: one FMA = 2 FLOP
+    fp64_ratio: float  # FP64 : FP32 throughput, e.g. 1/64 on laptop and gaming GPUs
+    peak_fp32_tflops: float | None
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# FP32 FMA lanes per SM and FP64:FP32 ratio by compute capability.
+_FP32_LANES = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128}
+_FP64_RATIO = {(6, 0): 1 / 2, (7, 0): 1 / 2, (8, 0): 1 / 2, (9, 0): 1 / 2, (7, 5): 1 / 32}
+
+
+@functools.cache
+def device_info(device: int = 0) -> DeviceInfo:
+    """Facts about CUDA device ``device``, read through pycuda's driver API.
+
+    Raises:
+        NoGPUError: see `init`.
+    """
+    init(device)
+    import pycuda.driver as drv
+
+    d = drv.Device(device)
+    a = drv.device_attribute
+
+    def attr(name: str):
+        try:
+            return d.get_attribute(getattr(a, name))
+        except Exception:  # noqa: BLE001 - CUDA 13 dropped a few attributes; report None
+            return None
+
+    cc = d.compute_capability()
+    sms = attr("MULTIPROCESSOR_COUNT")
+    clock_khz = attr("CLOCK_RATE")
+    if not clock_khz:
+        clock_khz = _smi_max_clock_khz()
+    lanes = _FP32_LANES.get(cc, 128)
+    peak = sms * lanes * 2 * clock_khz * 1e3 / 1e12 if clock_khz else None
+    return DeviceInfo(
+        name=d.name(),
+        cc=cc,
+        sms=sms,
+        smem_per_block=attr("MAX_SHARED_MEMORY_PER_BLOCK"),
+        smem_per_block_optin=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") or attr("MAX_SHARED_MEMORY_PER_BLOCK"),
+        smem_per_sm=attr("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        regs_per_sm=attr("MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        l2_bytes=attr("L2_CACHE_SIZE"),
+        total_mem_bytes=d.total_memory(),
+        clock_mhz=clock_khz / 1e3 if clock_khz else None,
+        fp32_per_sm_per_clk=lanes,
+        fp64_ratio=_FP64_RATIO.get(cc, 1 / 64),
+        peak_fp32_tflops=peak,
+    )
+
+
+def _smi_max_clock_khz() -> float | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+        return float(out.split()[0]) * 1e3
+    except Exception:  # noqa: BLE001 - optional information
+        return None
+
+
+@functools.cache
+def versions() -> dict:
+    """GPU name, driver, CUDA (torch's build), torch, cuDNN and pycuda versions, as strings.
+
+    Works without a GPU too (then ``gpu`` and ``driver`` are ``"none"``), so a results CSV can
+    always say where it came from.
+    """
+    v = {
+        "gpu": "none",
+        "driver": "none",
+        "cuda": str(torch.version.cuda),
+        "torch": torch.__version__,
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
+        "pycuda": "none",
+    }
+    if has_gpu():
+        v["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            v["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+                capture_output=True, text=True, timeout=20, check=True,
+            ).stdout.strip()  # fmt: skip
+        except Exception:  # noqa: BLE001 - nvidia-smi missing: fall back to the driver API
+            try:
+                import pycuda.driver as drv
+
+                drv.init()
+                dv = drv.get_driver_version()
+                v["driver"] = f"CUDA driver API {dv // 1000}.{dv % 1000 // 10}"
+            except Exception:  # noqa: BLE001
+                pass
+    try:
+        import pycuda
+
+        v["pycuda"] = pycuda.VERSION_TEXT
+    except Exception:  # noqa: BLE001 - not installed (CI)
+        pass
+    return v
+
+
+def gpu_slug(name: str | None = None) -> str:
+    """A folder name for a GPU, e.g. 'NVIDIA H200' -> 'nvidia-h200'."""
+    name = name or versions()["gpu"]
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-").replace("--", "-")

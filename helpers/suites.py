@@ -1,0 +1,120 @@
+"""Named, fixed problem lists. Every plot and table in the series uses one of these.
+
+* ``quick``: small fp32 problems, the whole suite runs in well under two minutes on a laptop GPU;
+* ``seed``: single-image CHW fp32 "same" convolutions like the seed notebook's benchmark
+  (input channels 1..512, filters 1/3/5/9, images 64..1024), fixed instead of sampled;
+* ``resnet50``: the 19 distinct fprop layers of ResNet-50 (the workload table of the CUTLASS
+  conv2d profiler thread in ``shared/seeds``), at N=32 and N=256;
+* ``depthwise``: MobileNet-style 3×3 depthwise layers at N=32 (C = K = groups);
+* ``edge``: the shapes that break kernels (design.md, "Edge suite").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .problem import Conv2dProblem as P
+
+
+def _same(C: int, K: int, R: int, H: int, W: int | None = None, N: int = 1) -> P:
+    return P(N=N, C=C, H=H, W=W or H, K=K, R=R, S=R, padding="same")
+
+
+def quick() -> list[P]:
+    return [
+        _same(1, 4, 3, 64),
+        _same(3, 16, 3, 128),
+        _same(3, 8, 5, 100, 75),
+        _same(16, 32, 3, 64, N=2),
+        _same(32, 32, 1, 64),
+        _same(8, 8, 9, 48),
+    ]
+
+
+def seed() -> list[P]:
+    # (C, K, R, H=W); each under ~45 GFLOP so the naive kernel still finishes in milliseconds.
+    shapes = [
+        (1, 8, 3, 1024), (1, 1, 9, 1024), (3, 16, 3, 512), (3, 64, 5, 1024), (3, 32, 9, 256),
+        (8, 32, 5, 512), (16, 16, 9, 1024), (32, 32, 3, 1024), (32, 128, 1, 512), (64, 64, 3, 256),
+        (128, 128, 3, 128), (128, 128, 5, 128), (128, 512, 9, 64), (256, 256, 3, 64),
+        (512, 128, 1, 128), (512, 512, 3, 64),
+    ]  # fmt: skip
+    return [_same(c, k, r, h) for c, k, r, h in shapes]
+
+
+# (H=W, C, K, R=S, pad, stride), N set by the caller.
+RESNET50_LAYERS = [
+    (56, 64, 256, 1, 0, 1), (56, 64, 64, 1, 0, 1), (56, 64, 64, 3, 1, 1), (56, 256, 64, 1, 0, 1),
+    (56, 256, 512, 1, 0, 2), (56, 256, 128, 1, 0, 2), (28, 128, 128, 3, 1, 1), (28, 128, 512, 1, 0, 1),
+    (28, 512, 128, 1, 0, 1), (28, 512, 1024, 1, 0, 2), (28, 512, 256, 1, 0, 2), (14, 256, 256, 3, 1, 1),
+    (14, 256, 1024, 1, 0, 1), (14, 1024, 256, 1, 0, 1), (14, 1024, 2048, 1, 0, 2), (14, 1024, 512, 1, 0, 2),
+    (7, 512, 512, 3, 1, 1), (7, 512, 2048, 1, 0, 1), (7, 2048, 512, 1, 0, 1),
+]  # fmt: skip
+
+
+def resnet50(batches: tuple[int, ...] = (32, 256)) -> list[P]:
+    return [
+        P(N=n, C=c, H=h, W=h, K=k, R=r, S=r, padding=pad, stride=s)
+        for n in batches
+        for h, c, k, r, pad, s in RESNET50_LAYERS
+    ]
+
+
+# (C = K = groups, H = W, stride)
+DEPTHWISE_LAYERS = [
+    (32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (384, 14, 1), (576, 14, 1), (960, 7, 1),
+]  # fmt: skip
+
+
+def depthwise(n: int = 32) -> list[P]:
+    return [P(N=n, C=c, H=h, W=h, K=c, R=3, S=3, padding=1, stride=s, groups=c) for c, h, s in DEPTHWISE_LAYERS]
+
+
+# Problems of the edge suite that need more than ~20 GB of device memory to check.
+BIG_ELEMENTS = 2**31
+
+
+def edge() -> list[P]:
+    return [
+        _same(3, 5, 3, 37, 53),  # H != W, sizes that divide no tile
+        _same(2, 3, 5, 3, 4),  # image smaller than the filter and than any tile
+        _same(4, 2, 3, 1, 1),  # a single pixel
+        P(N=1, C=3, H=20, W=17, K=4, R=3, S=5, padding=(1, 2)),  # R != S, odd, "same"
+        P(N=1, C=2, H=11, W=12, K=3, R=4, S=2, padding=(1, 0)),  # even filters
+        P(N=1, C=3, H=19, W=23, K=4, R=3, S=3, padding=1, stride=(2, 1)),  # stride_h != stride_w
+        P(N=1, C=3, H=16, W=15, K=4, R=3, S=3, padding=(2, 0)),  # pad_h != pad_w
+        P(N=1, C=2, H=9, W=9, K=3, R=3, S=3, padding=3),  # pad >= R/2
+        P(N=1, C=3, H=17, W=13, K=5, R=2, S=2, stride=3),  # stride > R
+        P(N=1, C=2, H=10, W=10, K=3, R=3, S=3, stride=4),  # (H + 2pad - R) % stride != 0
+        P(N=2, C=4, H=15, W=14, K=6, R=3, S=3, padding=2, dilation=2),  # dilation
+        P(N=2, C=6, H=12, W=13, K=6, R=3, S=3, padding=1, groups=3),  # groups
+        _same(1, 7, 3, 33, 31),  # C = 1, K = 7
+        _same(45, 33, 3, 19, 21),  # C = 45, K = 33 (not a multiple of any tile)
+        _same(3, 16, 7, 24, 40, N=3),  # N > 1
+        _same(64, 8, 3, 8, 8),  # a long reduction on a tiny image
+        _same(1, 70000, 3, 8, 8),  # N*K = 70,000 planes: past 65,535 in z
+        _same(1, 2, 3, 600_000, 3),  # P = 600,000 rows: past 65,535 blocks in y
+        _same(1, 1, 3, 32800, 32800, N=2),  # 2.15e9 elements in x and y: 64-bit offsets
+    ]
+
+
+SUITES = {"quick": quick, "seed": seed, "resnet50": resnet50, "depthwise": depthwise, "edge": edge}
+
+
+def suite(name: str, dtype: str | None = None, layout: str | None = None) -> list[P]:
+    """The problems of suite ``name``, optionally converted to another dtype and/or layout.
+
+    Raises:
+        KeyError: unknown suite (the message lists the known ones).
+    """
+    if name not in SUITES:
+        raise KeyError(f"no suite {name!r}; known: {', '.join(SUITES)}")
+    probs = SUITES[name]()
+    if dtype or layout:
+        probs = [replace(p, dtype=dtype or p.dtype, layout=layout or p.layout, name="") for p in probs]
+    return probs
+
+
+def is_big(p: P) -> bool:
+    """True for problems with a tensor of 2^31 elements or more (skipped on small GPUs)."""
+    return max(p.x_numel, p.y_numel) >= BIG_ELEMENTS
