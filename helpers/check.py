@@ -186,8 +186,7 @@ def check(
         kind: "normal", "int" (small integers; bit-exact expected) or "cancel" (exact result 0);
             see `Conv2dProblem.make_inputs`.
         seed: input seed.
-        accum: accumulator precision for the bound ("fp32", "fp64"...); default from the
-            variant's ``ACCUM`` define, else "fp32".
+        accum: accumulator precision for the bound ("fp32", "fp64"); default ``variant.accum``.
 
     Raises:
         UnsupportedProblem, TypeError, ValueError: from `helpers.variants.prepare`, before any launch.
@@ -195,7 +194,7 @@ def check(
     from .variants import get, prepare
 
     v = get(variant)
-    accum = accum or str(v.defines.get("ACCUM", "fp32")).replace("float", "fp32")
+    accum = accum or v.accum
     x, w = problem.make_inputs(device=device, kind=kind, seed=seed)
     launch, y1 = prepare(v, problem, x, w)
     y1.fill_(float("nan"))

@@ -49,8 +49,8 @@ class Conv2dProblem:
         N, C, H, W: batch, input channels, input rows, input columns.
         K, R, S: output channels, filter rows, filter columns.
         stride, padding, dilation: an int or a pair (h, w), as in ``torch.nn.functional.conv2d``.
-            ``padding="same"`` means stride 1 and padding ((R−1)//2, (S−1)//2), which keeps
-            P = H and Q = W for odd filters (torch's "same" for odd filters).
+            ``padding="same"`` means stride 1 and padding (dil_h·(R−1)//2, dil_w·(S−1)//2),
+            which keeps P = H and Q = W for odd filters (torch's "same" for odd filters).
         groups: C and K must both be divisible by it (C = K = groups is depthwise).
         dtype: "fp32", "fp16", "bf16" or "fp64" (inputs and output).
         layout: "NCHW" or "NHWC" (see the module docstring).
@@ -85,7 +85,8 @@ class Conv2dProblem:
         if self.padding == "same":
             if _pair(self.stride, "stride") != (1, 1):
                 raise ValueError("padding='same' needs stride 1")
-            set_(self, "padding", ((self.R - 1) // 2, (self.S - 1) // 2))
+            dh, dw = _pair(self.dilation, "dilation")
+            set_(self, "padding", (dh * (self.R - 1) // 2, dw * (self.S - 1) // 2))
         set_(self, "stride", _pair(self.stride, "stride"))
         set_(self, "padding", _pair(self.padding, "padding"))  # type: ignore[arg-type]
         set_(self, "dilation", _pair(self.dilation, "dilation"))

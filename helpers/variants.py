@@ -67,6 +67,10 @@ class Variant:
     args_fn: Callable[[Conv2dProblem], tuple]
     covers_fn: Callable[[Conv2dProblem, LaunchConfig], np.ndarray]
     defines: dict = field(default_factory=dict)
+    accum: str = "fp32"  # accumulator precision, for the error bound in `helpers.check`
+    # For files with several specialised entry points (e.g. one per filter size): picks the
+    # entry for a problem. ``entry`` is then the default one.
+    entry_fn: Callable[[Conv2dProblem], str] | None = None
     dtypes: tuple[str, ...] = ("fp32",)
     layouts: tuple[str, ...] = ("NCHW",)
 
@@ -92,6 +96,10 @@ class Variant:
     def launch(self, problem: Conv2dProblem) -> LaunchConfig:
         return self.launch_fn(problem)
 
+    def entry_for(self, problem: Conv2dProblem) -> str:
+        """The kernel function this variant launches for ``problem``."""
+        return self.entry_fn(problem) if self.entry_fn else self.entry
+
     def covers(self, problem: Conv2dProblem) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) predicted by the Python model."""
         return self.covers_fn(problem, self.launch_fn(problem))
@@ -109,7 +117,15 @@ def register(v: Variant) -> Variant:
 
 
 def _load_all() -> None:
-    from . import direct  # noqa: F401 - registers days 01.. on import
+    """Import the modules whose import registers variants (days in curriculum order)."""
+    import importlib
+
+    for mod in ("direct", "tiled", "blocked"):
+        try:
+            importlib.import_module(f"{__package__}.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.{mod}":  # a real import error inside the module
+                raise
 
 
 def get(name: str | Variant) -> Variant:
@@ -198,7 +214,7 @@ def prepare(
     elif tuple(y.shape) != problem.y_shape or y.dtype != problem.torch_dtype or not y.is_contiguous():
         raise ValueError(f"y must be a contiguous {problem.torch_dtype} tensor of shape {problem.y_shape}")
     cfg = v.launch(problem)
-    k = load_kernel(v.cu_file, v.entry, v.defines, dynamic_smem=cfg.shared_bytes)
+    k = load_kernel(v.cu_file, v.entry_for(problem), v.defines, dynamic_smem=cfg.shared_bytes)
     if cfg.threads_per_block > k.max_threads_per_block:
         raise UnsupportedProblem(
             f"{v.name}: block of {cfg.threads_per_block} threads, but this build allows "

@@ -1,0 +1,64 @@
+"""Shared pytest setup: the repository root on ``sys.path`` and the ``gpu`` / ``big`` skips.
+
+* ``@pytest.mark.gpu`` tests (and everything under ``tests/gpu``) are skipped unless torch sees a
+  CUDA device **and** ``pycuda.driver`` imports (it needs the NVIDIA driver's ``libcuda.so.1``).
+* ``@pytest.mark.big`` tests (tensors of 2^31 elements) are skipped unless the GPU has at least
+  `BIG_MEMORY_BYTES` of memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BIG_MEMORY_BYTES = 60 * 10**9
+
+
+@functools.cache
+def gpu_skip_reason() -> str | None:
+    """``None`` when GPU tests can run here, else why not (shown in pytest's skip summary)."""
+    from helpers import gpu
+
+    if not gpu.has_gpu():
+        return "no CUDA device visible to torch (torch.cuda.is_available() is False)"
+    try:
+        import pycuda.driver  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or an OSError from a missing libcuda
+        return f"pycuda is not importable: {e}"
+    return None
+
+
+@functools.cache
+def big_skip_reason() -> str | None:
+    """``None`` when the GPU has memory for the 2^31-element problems, else why not."""
+    reason = gpu_skip_reason()
+    if reason:
+        return reason
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    if total < BIG_MEMORY_BYTES:
+        return f"needs >= {BIG_MEMORY_BYTES / 1e9:.0f} GB of GPU memory; this GPU has {total / 1e9:.1f} GB"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark everything under tests/gpu as ``gpu``; skip ``gpu``/``big`` tests this machine cannot run."""
+    gpu_dir = ROOT / "tests" / "gpu"
+    for item in items:
+        if gpu_dir in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("gpu") is None and item.get_closest_marker("big") is None:
+            continue
+        reason = gpu_skip_reason()
+        if reason is None and item.get_closest_marker("big") is not None:
+            reason = big_skip_reason()
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
