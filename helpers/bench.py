@@ -114,6 +114,9 @@ def bench(
     from .timing import time_gpu
     from .variants import get, prepare
 
+    from .gpu import device_info
+
+    smem_limit = device_info().smem_per_block_optin
     vs = [get(v) for v in variants]
     problems = list(problems)
     rows: list[dict] = []
@@ -134,7 +137,7 @@ def bench(
                     rows.append(_row(p, "cudnn", 0, status=f"error: {str(e).splitlines()[0][:200]}"))
                 bar.update()
             for v in vs:
-                reason = v.supports(p)
+                reason = v.supports(p, smem_limit=smem_limit)
                 if reason:
                     rows.append(_row(p, v.name, v.day, status=f"unsupported: {reason}"))
                     bar.update()

@@ -84,8 +84,11 @@ def reference_band(
     sh, dh, ph = p.stride[0], p.dilation[0], p.padding[0]
     h_lo = p0 * sh - ph
     h_hi = (p1 - 1) * sh - ph + dh * (p.R - 1)  # inclusive
-    top, bottom = max(0, -h_lo), max(0, h_hi - (p.H - 1))
-    xs = x_nchw[n0:n1, :, max(h_lo, 0) : min(h_hi, p.H - 1) + 1].to(torch.float64)
+    rows = h_hi - h_lo + 1  # input rows the band reads, padding included
+    top = min(max(-h_lo, 0), rows)  # of them above the image (all of them if the band lies in the padding)
+    bottom = min(max(h_hi - (p.H - 1), 0), rows - top)  # and below it
+    lo = min(max(h_lo, 0), p.H)
+    xs = x_nchw[n0:n1, :, lo : lo + rows - top - bottom].to(torch.float64)
     if top or bottom:
         xs = F.pad(xs, (0, 0, top, bottom))
     return F.conv2d(

@@ -21,7 +21,10 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     variants = list(dict.fromkeys(d.variant))
     h = max(3.0, 0.32 * len(order) * max(1, len(variants)) / 2 + 1)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, h), sharey=True)
-    sns.barplot(d, y="problem", x="ms_p50", hue="variant", order=order, hue_order=variants, ax=a1, errorbar=None)
+    # One colour per variant in both panels (the right one has no cuDNN bar).
+    palette = dict(zip(variants, sns.color_palette(n_colors=len(variants))))
+    sns.barplot(d, y="problem", x="ms_p50", hue="variant", order=order, hue_order=variants, palette=palette,
+                ax=a1, errorbar=None)  # fmt: skip
     # p20..p80 whiskers: the bar containers are in hue order, one bar per problem each.
     for cont, v in zip(a1.containers, variants):
         dv = d[d.variant == v].set_index("problem")
@@ -32,7 +35,7 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     a1.set_xlabel("median time (ms, log scale; whiskers p20–p80)")
     a1.set_ylabel("")
     dk = d[d.variant != "cudnn"]
-    sns.barplot(dk, y="problem", x="x_cudnn", hue="variant", order=order,
+    sns.barplot(dk, y="problem", x="x_cudnn", hue="variant", order=order, palette=palette,
                 hue_order=[v for v in variants if v != "cudnn"], ax=a2, errorbar=None)  # fmt: skip
     a2.axvline(1.0, color="k", ls="--", lw=1)
     a2.set_xscale("log")

@@ -120,7 +120,7 @@ def _load_all() -> None:
     """Import the modules whose import registers variants (days in curriculum order)."""
     import importlib
 
-    for mod in ("direct", "tiled", "blocked"):
+    for mod in ("direct", "tiled", "blocked", "general"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:

@@ -7,25 +7,35 @@
 // size is a template parameter, so the tap loops unroll completely and the column of inputs
 // a thread needs stays in registers, reused across the R filter rows.
 //
-// Block tile: TQ = 32 output columns x TP = BY*PT output rows x KT output channels of one image.
+// The BY thread rows of a block split into KG groups along K and RG = BY / KG groups along P:
+// threadIdx.y = ky * RG + ry. Many output channels per block (KG > 1) means each staged input
+// value serves KG*KT channels; that is what 1x1 and many-channel layers need.
+//
+// Block tile: TQ = 32 output columns x TP = RG*PT output rows x TK = KG*KT output channels.
 //   Per chunk of CC input channels the block stages in shared memory
 //     sx[CC][TP + R - 1][TQ + S - 1]   the input tile plus its halo (zero outside the image)
-//     sw[CC][R][S][KT]                 the KT filters' taps, KT-fastest so a thread reads all KT
-//                                      weights of one tap with KT/4 float4 loads (a broadcast:
-//                                      every thread of the block reads the same address)
+//     sw[CC][R][S][TK]                 the TK filters' taps, channel-fastest, so a thread reads
+//                                      its KT weights of one tap with KT/4 float4 loads (a
+//                                      broadcast: the whole warp reads the same address)
 //   then each thread accumulates acc[PT][KT] in registers.
 //
 // Mapping (see conv2d_common.cuh):
 //   q  = blockIdx.x * 32 + threadIdx.x                       one output column per thread
-//   p  = p0 + threadIdx.y * PT + i, i < PT                   PT consecutive output rows
-//        p0 = tile_y * TP, tile_y = blockIdx.y, step gridDim.y
-//   nk = blockIdx.z, step gridDim.z, over N * ceil(K / KT):  n = nk / KT_TILES, k0 = (nk % KT_TILES) * KT
-// Launch: block (32, BY, 1); grid (ceil(Q/32), min(ceil(P/TP), 65535), min(N*ceil(K/KT), 65535));
-//   dynamic shared memory 4 * CC * ((TP+R-1)*(TQ+S-1) + R*S*KT) bytes.
+//   p  = p0 + ry * PT + i, i < PT                            PT consecutive output rows
+//        p0 = blockIdx.y * TP, step gridDim.y * TP
+//   k  = k0 + ky * KT + j, j < KT                            KT output channels
+//   nk = blockIdx.z, step gridDim.z, over N * ceil(K / TK):  n = nk / k_tiles, k0 = (nk % k_tiles) * TK
+// Launch: block (32, BY, 1); grid (ceil(Q/32), min(ceil(P/TP), 65535), min(N*ceil(K/TK), 65535));
+//   dynamic shared memory 4 * CC * ((TP+R-1)*(TQ+S-1) + R*S*TK) bytes (up to 52 KB for 9x9:
+//   above 48 KB the harness opts in).
 //
 // Compile-time parameters (-D, defaults below): BY (thread rows), PT (rows per thread),
-// CC (input channels per shared-memory stage). R = S and KT are template parameters; the
-// entry points below instantiate R = S in {1, 3, 5, 7, 9} and KT in {1, 4, 8}.
+// C_STAGE (input channels per shared-memory stage, the template parameter CC; default 32 for
+// 1x1, 8 for 3x3, 4 above),
+// MINB (blocks per SM asked of __launch_bounds__; default 2 up to 3x3, 1 above, which keeps
+// every architecture free of spills). R = S, KT, KG and CC are template parameters; the
+// entry points below instantiate R = S in {1, 3, 5, 7, 9} with (KT, KG) in {(1,1), (4,1),
+// (8,1), (8,4)}.
 //
 // Assumes: NCHW fp32, stride 1, dilation 1, groups 1, square odd filter, "same" padding
 // (P = H, Q = W). Threads past the image edge still load and reach every barrier; only their
@@ -38,33 +48,50 @@
 #ifndef PT
 #define PT 4
 #endif
-#ifndef CC
-#define CC 4
+// Input channels per shared-memory stage: many for small filters (more loads in flight per
+// barrier), few for large ones (shared memory). -DC_STAGE=n forces one value for every filter.
+#ifdef C_STAGE
+#define CC_FOR(R) C_STAGE
+#else
+#define CC_FOR(R) ((R) == 1 ? 32 : (R) == 3 ? 8 : 4)
+#endif
+// Minimum resident blocks per SM for __launch_bounds__: 2 caps registers at 128, which 5x5 and
+// larger filters exceed on some architectures (spills); -DMINB=n forces one value.
+#ifdef MINB
+#define MINB_FOR(R) MINB
+#else
+#define MINB_FOR(R) ((R) >= 5 ? 1 : 2)
+#endif
+// Unrolling of the tile-loading loops (more loads in flight, more registers).
+#ifndef LOAD_UNROLL
+#define LOAD_UNROLL 1
 #endif
 #define TQ 32
-#define TP (BY * PT)
 
-template <int R, int S, int KT>
+template <int R, int S, int KT, int KG, int CC>
 __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
                                                const float* __restrict__ w,
                                                float* __restrict__ y,
                                                int N, int C, int H, int W, int K) {
+    static_assert(BY % KG == 0, "KG must divide BY");
+    constexpr int RG = BY / KG, TP = RG * PT, TK = KG * KT;
     constexpr int XH = TP + R - 1, XW = TQ + S - 1;  // input tile with halo
-    constexpr int XTILE = CC * XH * XW, WTILE = CC * R * S * KT;
+    constexpr int XTILE = CC * XH * XW, WTILE = CC * R * S * TK;
     extern __shared__ __align__(16) float smem[];
     float* sx = smem;          // [CC][XH][XW]
-    float* sw = smem + XTILE;  // [CC][R][S][KT]
+    float* sw = smem + XTILE;  // [CC][R][S][TK]
     static_assert(XTILE % 4 == 0, "sw must start 16-byte aligned for its float4 loads");
     const int pad_h = (R - 1) / 2, pad_w = (S - 1) / 2;
     const int P = H, Q = W;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int ry = ty % RG, ky = ty / RG;
     const int tid = ty * TQ + tx, nthreads = TQ * BY;
     const int q0 = blockIdx.x * TQ;
-    const int k_tiles = CEIL_DIV(K, KT);
+    const int k_tiles = CEIL_DIV(K, TK);
     const idx_t NKT = (idx_t)N * k_tiles;
 
     for (idx_t nk = blockIdx.z; nk < NKT; nk += gridDim.z) {
-        const int n = (int)(nk / k_tiles), k0 = (int)(nk % k_tiles) * KT;
+        const int n = (int)(nk / k_tiles), k0 = (int)(nk % k_tiles) * TK;
         for (int p0 = blockIdx.y * TP; p0 < P; p0 += gridDim.y * TP) {
             float acc[PT][KT];
 #pragma unroll
@@ -75,6 +102,7 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
             for (int c0 = 0; c0 < C; c0 += CC) {
                 __syncthreads();  // the previous stage's tiles are no longer read
                 // Input tile + halo, coalesced along the row; zero outside the image and past C.
+#pragma unroll LOAD_UNROLL
                 for (int i = tid; i < XTILE; i += nthreads) {
                     const int cl = i / (XH * XW), rem = i % (XH * XW);
                     const int h = p0 - pad_h + rem / XW, ww = q0 - pad_w + rem % XW;
@@ -86,19 +114,21 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
                 }
                 // Filter taps: w[k0+j][c0..c0+CC)[r][s] is contiguous, so read it in order and
                 // transpose into sw[cl][r][s][j].
+#pragma unroll LOAD_UNROLL
                 for (int i = tid; i < WTILE; i += nthreads) {
                     const int j = i / (CC * R * S), rem = i % (CC * R * S);
                     const int k = k0 + j, c = c0 + rem / (R * S);
                     float v = 0.0f;
                     if (k < K && c < C) v = w[((idx_t)k * C + c0) * (R * S) + rem];
-                    sw[rem * KT + j] = v;
+                    sw[rem * TK + j] = v;
                 }
                 __syncthreads();
 
+                const int cc_n = min(CC, C - c0);  // the last stage may hold fewer channels
 #pragma unroll 1
-                for (int cl = 0; cl < CC; ++cl) {
-                    const float* sxc = sx + cl * XH * XW + (ty * PT) * XW + tx;
-                    const float* swc = sw + cl * R * S * KT;
+                for (int cl = 0; cl < cc_n; ++cl) {
+                    const float* sxc = sx + cl * XH * XW + (ry * PT) * XW + tx;
+                    const float* swc = sw + cl * R * S * TK + ky * KT;
 #pragma unroll
                     for (int s = 0; s < S; ++s) {
                         float col[PT + R - 1];  // the input column this thread needs at tap s
@@ -107,7 +137,7 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
 #pragma unroll
                         for (int r = 0; r < R; ++r) {
                             float wk[KT];
-                            const float* wp = swc + (r * S + s) * KT;
+                            const float* wp = swc + (r * S + s) * TK;
                             if constexpr (KT % 4 == 0) {
 #pragma unroll
                                 for (int j = 0; j < KT; j += 4) {
@@ -131,25 +161,28 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
             if (q < Q) {
 #pragma unroll
                 for (int i = 0; i < PT; ++i) {
-                    const int p = p0 + ty * PT + i;
+                    const int p = p0 + ry * PT + i;
 #pragma unroll
-                    for (int j = 0; j < KT; ++j)
-                        if (p < P && k0 + j < K) y[(((idx_t)n * K + k0 + j) * P + p) * Q + q] = acc[i][j];
+                    for (int j = 0; j < KT; ++j) {
+                        const int k = k0 + ky * KT + j;
+                        if (p < P && k < K) y[(((idx_t)n * K + k) * P + p) * Q + q] = acc[i][j];
+                    }
                 }
             }
         }
     }
 }
 
-#define BLOCKED_ENTRY(R, KT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(TQ * BY, 2)                                   \
-        conv2d_blocked_r##R##_k##KT(const float* __restrict__ x, const float* __restrict__ w, \
-                                    float* __restrict__ y, int N, int C, int H, int W, int K) { \
-        conv2d_blocked<R, R, KT>(x, w, y, N, C, H, W, K);                                      \
+#define BLOCKED_ENTRY(R, KT, KG)                                                                  \
+    extern "C" __global__ void __launch_bounds__(TQ * BY, MINB_FOR(R))                             \
+        conv2d_blocked_r##R##_k##KT##_g##KG(const float* __restrict__ x, const float* __restrict__ w, \
+                                            float* __restrict__ y, int N, int C, int H, int W, int K) { \
+        conv2d_blocked<R, R, KT, KG, CC_FOR(R)>(x, w, y, N, C, H, W, K);                             \
     }
+#define BLOCKED_ENTRIES(R) BLOCKED_ENTRY(R, 1, 1) BLOCKED_ENTRY(R, 4, 1) BLOCKED_ENTRY(R, 8, 1) BLOCKED_ENTRY(R, 8, 4)
 
-BLOCKED_ENTRY(1, 1) BLOCKED_ENTRY(1, 4) BLOCKED_ENTRY(1, 8)
-BLOCKED_ENTRY(3, 1) BLOCKED_ENTRY(3, 4) BLOCKED_ENTRY(3, 8)
-BLOCKED_ENTRY(5, 1) BLOCKED_ENTRY(5, 4) BLOCKED_ENTRY(5, 8)
-BLOCKED_ENTRY(7, 1) BLOCKED_ENTRY(7, 4) BLOCKED_ENTRY(7, 8)
-BLOCKED_ENTRY(9, 1) BLOCKED_ENTRY(9, 4) BLOCKED_ENTRY(9, 8)
+BLOCKED_ENTRIES(1)
+BLOCKED_ENTRIES(3)
+BLOCKED_ENTRIES(5)
+BLOCKED_ENTRIES(7)
+BLOCKED_ENTRIES(9)

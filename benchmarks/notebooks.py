@@ -1,0 +1,141 @@
+"""python -m benchmarks.notebooks: execute the day notebooks in place and keep their outputs.
+
+    python -m benchmarks.notebooks                                  # every notebooks/day_*.ipynb, in order
+    python -m benchmarks.notebooks notebooks/day_01_naive.ipynb     # just these
+    python -m benchmarks.notebooks --full                           # QUICK = False inside the notebooks
+
+Each notebook runs top to bottom in a fresh ``python3`` kernel whose working directory is the
+notebook's own folder, with a time limit per cell. A notebook is written back only when every
+cell succeeded; then its outputs are kept and the volatile metadata (per-cell execution
+timestamps, notebook-level widget state) is removed, so re-running changes only what the GPU
+measured. When a cell fails, the file on disk is left exactly as it was, the error is printed,
+the remaining notebooks still run, and the command exits 1.
+
+The notebooks read ``CONV2D_DAYS_QUICK`` from the environment (``--full`` sets it to 0), which
+the kernel inherits from this process.
+
+Exit status: 0 if every notebook ran, 1 if any cell failed, 2 on bad arguments (missing file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+QUICK_ENV = "CONV2D_DAYS_QUICK"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def default_notebooks() -> list[Path]:
+    """The day notebooks, ``notebooks/day_*.ipynb``, in curriculum (file name) order."""
+    return sorted(NOTEBOOK_DIR.glob("day_*.ipynb"))
+
+
+def strip_volatile(nb) -> None:
+    """Remove metadata that changes on every run, in place; outputs are kept.
+
+    Drops each cell's ``metadata.execution`` (start/end timestamps), the notebook's
+    ``metadata.widgets`` (ipywidgets state), and widget-view entries from output bundles (they
+    cannot render without that state; their ``text/plain`` fallback stays).
+    """
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.outputs:
+            data = out.get("data")
+            if data is not None and WIDGET_MIME in data:
+                data.pop(WIDGET_MIME)
+                if not data:
+                    continue
+            kept.append(out)
+        cell.outputs = kept
+
+
+def execute(path: Path, timeout: int, kernel: str):
+    """Execute the notebook at ``path``; return ``(notebook, error)``.
+
+    ``error`` is None on success, else a message naming the failing cell (the notebook is then
+    partially executed and must not be saved).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=kernel,
+        allow_errors=False,
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+        return nb, f"{type(e).__name__}: {e}"
+    for i, cell in enumerate(nb.cells):  # belt and braces: nbclient raises on errors already
+        if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.outputs):
+            return nb, f"cell {i} has an error output"
+    return nb, None
+
+
+def save(nb, path: Path) -> None:
+    """Validate and write ``nb`` to ``path`` atomically (a temporary file, then a rename)."""
+    import nbformat
+
+    nbformat.validate(nb)
+    tmp = path.with_name(path.name + ".tmp")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.notebooks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", type=Path, help="notebooks to run (default: notebooks/day_*.ipynb)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell (default: 900)")
+    ap.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    ap.add_argument("--full", action="store_true", help="run with QUICK = False (bigger sweeps, every edge problem)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the notebooks; return the exit status."""
+    args = parse_args(argv)
+    paths = [p.resolve() for p in args.paths] or default_notebooks()
+    missing = [p for p in paths if not p.is_file()]
+    if missing or not paths:
+        print(f"python -m benchmarks.notebooks: no such notebook: {', '.join(map(str, missing)) or 'none found'}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    os.environ[QUICK_ENV] = "0" if args.full else "1"
+    failed = []
+    for path in paths:
+        t0 = time.perf_counter()
+        print(f"running {path.name} ...", flush=True)
+        nb, error = execute(path, args.timeout, args.kernel)
+        dt = time.perf_counter() - t0
+        if error:
+            failed.append(path.name)
+            print(f"FAILED  {path.name} after {dt:.0f} s; the file was left unchanged\n{error}", file=sys.stderr)
+            continue
+        strip_volatile(nb)
+        save(nb, path)
+        print(f"ok      {path.name} ({dt:.0f} s), outputs saved", flush=True)
+    if failed:
+        print(f"\n{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

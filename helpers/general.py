@@ -1,0 +1,260 @@
+"""Registry entries for day 07: full ``conv2d`` semantics (``general``) and a fast ``depthwise``.
+
+* ``general`` (``07_general.cu``): any batch, stride, padding, dilation, filter shape and groups.
+  Output pixels of the whole batch form one flat list (grid x); blocks of ``GEN_KPT`` output
+  channels of one group run along grid z (capped at 65,535 and grid-strided).
+* ``depthwise`` (``07_depthwise.cu``): groups = C = K. A block stages an input tile (halo and
+  zero padding included) in shared memory with float4 loads, then each thread computes
+  ``DW_QPT`` consecutive outputs of a row. The tile shape (planes per block, output rows per
+  tile, row segments per tile) is chosen here by `dw_config` and passed to the kernel.
+
+As in `helpers.direct`, each entry has a ``covers`` model written from its kernel's mapping;
+it counts the writes per output element with vectorised numpy, so it stays cheap for the
+edge suite's K = 70,000 and P = 600,000 problems.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import Conv2dProblem
+from .variants import MAX_GRID, LaunchConfig, Variant, register
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round4(v: int) -> int:
+    return (v + 3) // 4 * 4
+
+
+def _next_pow2(v: int) -> int:
+    return 1 if v <= 1 else 1 << (v - 1).bit_length()
+
+
+def fp32_nchw_any(p: Conv2dProblem) -> str | None:
+    """``general`` takes every problem; the dtype/layout checks live in `Variant.supports`."""
+    return None
+
+
+def full_args(p: Conv2dProblem) -> tuple:
+    """``N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, groups`` as ``np.int32``."""
+    vals = (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation, p.groups)
+    return tuple(np.int32(v) for v in vals)
+
+
+def _grid_stride_items(n_items: int, grid: int) -> np.ndarray:
+    """Items visited by ``for (i = blockIdx; i < n_items; i += grid)`` over all blocks, with repeats."""
+    starts = np.arange(grid)
+    steps = np.arange(_cdiv(n_items, grid))
+    items = (starts[:, None] + steps[None, :] * grid).ravel()
+    return items[items < n_items]
+
+
+# ---- day 07: general -------------------------------------------------------------------------
+GEN_DEFINES = {"GEN_BLOCK": 256, "GEN_PPT": 4, "GEN_KPT": 8, "GEN_TAPS": 128}
+
+
+def general_launch(p: Conv2dProblem) -> LaunchConfig:
+    d = GEN_DEFINES
+    m = p.N * p.P * p.Q
+    kblocks = _cdiv(p.K // p.groups, d["GEN_KPT"])
+    grid = (_cdiv(m, d["GEN_BLOCK"] * d["GEN_PPT"]), 1, min(p.groups * kblocks, MAX_GRID[2]))
+    return LaunchConfig(grid=grid, block=(d["GEN_BLOCK"], 1, 1))
+
+
+def general_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
+    block, ppt, kpt = cfg.block[0], GEN_DEFINES["GEN_PPT"], GEN_DEFINES["GEN_KPT"]
+    # Pixels: thread t of block bx owns m = bx*block*ppt + i*block + t, i < ppt; stored if m < M.
+    M = p.N * p.P * p.Q
+    bx, i, t = np.ogrid[: cfg.grid[0], :ppt, :block]
+    m = (bx * (block * ppt) + i * block + t).ravel()
+    pix = np.bincount(m[m < M], minlength=M)
+    # Channels: gk = blockIdx.z, step gridDim.z; channel g*Kg + kb*kpt + kk stored if local < Kg.
+    kg = p.K // p.groups
+    kblocks = _cdiv(kg, kpt)
+    gk = _grid_stride_items(p.groups * kblocks, cfg.grid[2])
+    local = (gk % kblocks)[:, None] * kpt + np.arange(kpt)[None, :]
+    k = (gk // kblocks)[:, None] * kg + local
+    chans = np.bincount(k[local < kg], minlength=p.K)
+    pq = p.P * p.Q
+    return (pix.reshape(p.N, 1, pq) * chans.reshape(1, p.K, 1)).ravel()
+
+
+register(
+    Variant(
+        name="general",
+        day=7,
+        cu_file="07_general.cu",
+        entry="conv2d_general",
+        summary="every conv2d option (batch, stride, padding, dilation, any filter, groups); "
+        "4 pixels x 8 output channels per thread, filters staged in shared memory",
+        supports_fn=fp32_nchw_any,
+        launch_fn=general_launch,
+        args_fn=full_args,
+        covers_fn=general_covers,
+        defines=dict(GEN_DEFINES),
+    )
+)
+
+
+# ---- day 07: depthwise -----------------------------------------------------------------------
+DW_DEFINES = {"DW_BLOCK": 256, "DW_QPT": 4, "DW_FILL": 4, "DW_MIN_BLOCKS": 5}
+DW_SEG_MAX = 64  # row segments per tile: at most 64 * DW_QPT = 256 output columns
+DW_ROWS_PER_THREAD = 4  # aim for ~4 row segments per thread
+DW_SMEM_TARGET = 32 * 1024  # a soft limit that leaves room for 5-7 blocks per SM
+DW_SMEM_MAX = 48 * 1024  # the hard limit (no opt-in needed on any GPU)
+DW_MIN_GRID = 256  # do not pack planes so tightly that fewer blocks than this remain
+
+
+def dw_geometry(p: Conv2dProblem, PL: int, TP: int, NSEG: int) -> dict:
+    """Tile sizes of the depthwise kernel for ``PL`` planes x ``TP`` rows x ``NSEG`` segments.
+
+    The same formulas as the kernel: TQ output columns, TH x TW input tile per plane (TW a
+    multiple of 4), RSP weights per plane, the most 4-column chunks a tile row can touch, the
+    dynamic shared memory in bytes.
+    """
+    sh, sw = p.stride
+    dh, dw = p.dilation
+    qpt = DW_DEFINES["DW_QPT"]
+    tq = NSEG * qpt
+    th = (TP - 1) * sh + (p.R - 1) * dh + 1
+    tw = _round4((tq - 1) * sw + (p.S - 1) * dw + 1)
+    rsp = _round4(p.R * p.S)
+    return {
+        "TQ": tq,
+        "TH": th,
+        "TW": tw,
+        "RSP": rsp,
+        "max_chunks": tw // 4 + 1,  # a tile row starting at any column meets at most this many
+        "smem": 4 * (PL * th * tw + PL * rsp),
+    }
+
+
+def dw_config(p: Conv2dProblem) -> tuple[int, int, int]:
+    """``(PL, TP, NSEG)``: planes per block, output rows per tile, DW_QPT-column segments per row.
+
+    1. Columns: all of a row if it has at most DW_SEG_MAX segments, else equal column tiles.
+    2. Rows: about DW_ROWS_PER_THREAD segments per thread; a plane that is smaller than that is
+       taken whole, several planes per block (but at least DW_MIN_GRID blocks if there are
+       enough planes); a larger plane is cut into equal strips.
+    3. Shared memory over DW_SMEM_TARGET: fewer planes, then fewer rows, then fewer columns.
+    """
+    block, qpt = DW_DEFINES["DW_BLOCK"], DW_DEFINES["DW_QPT"]
+    nc = p.N * p.C
+    nseg_all = _cdiv(p.Q, qpt)
+    nseg = _cdiv(nseg_all, _cdiv(nseg_all, DW_SEG_MAX))
+    while nseg > 1 and dw_geometry(p, 1, 1, nseg)["max_chunks"] > block:  # wide strides/filters
+        nseg = _cdiv(nseg, 2)
+    rows_target = DW_ROWS_PER_THREAD * (block // _next_pow2(nseg))
+    if p.P <= rows_target:
+        tp = p.P
+        pl = max(1, min(nc, rows_target // p.P, max(1, nc // DW_MIN_GRID)))
+    else:
+        tp = _cdiv(p.P, _cdiv(p.P, rows_target))
+        pl = 1
+    while (smem := dw_geometry(p, pl, tp, nseg)["smem"]) > DW_SMEM_TARGET:
+        if pl > 1:
+            pl = max(1, DW_SMEM_TARGET // dw_geometry(p, 1, tp, nseg)["smem"])
+        elif tp > 1:
+            tp = _cdiv(tp, 2)
+            tp = _cdiv(p.P, _cdiv(p.P, tp))  # equal strips
+        elif nseg > 1:
+            nseg = _cdiv(nseg, 2)
+        else:
+            break
+        del smem
+    return pl, tp, nseg
+
+
+def depthwise_supports(p: Conv2dProblem) -> str | None:
+    if not (p.groups == p.C == p.K):
+        return f"needs groups = C = K (depthwise, channel multiplier 1); got C={p.C}, K={p.K}, groups={p.groups}"
+    pl, tp, nseg = dw_config(p)
+    g = dw_geometry(p, pl, tp, nseg)
+    if g["smem"] > DW_SMEM_MAX or g["max_chunks"] > DW_DEFINES["DW_BLOCK"]:
+        rr = p.dilation[0] * (p.R - 1) + 1
+        ss = p.dilation[1] * (p.S - 1) + 1
+        return (
+            f"the dilated {rr}x{ss} filter with stride {p.stride} needs a {g['TH']}x{g['TW']} input tile "
+            f"even for {tp} output row(s) x {g['TQ']} columns ({g['smem']} B of shared memory); the kernel "
+            f"allows {DW_SMEM_MAX} B and rows of at most {4 * (DW_DEFINES['DW_BLOCK'] - 1)} columns"
+        )
+    return None
+
+
+def depthwise_launch(p: Conv2dProblem) -> LaunchConfig:
+    pl, tp, nseg = dw_config(p)
+    g = dw_geometry(p, pl, tp, nseg)
+    blocks = _cdiv(p.N * p.C, pl) * _cdiv(p.P, tp) * _cdiv(p.Q, g["TQ"])
+    return LaunchConfig(grid=(blocks, 1, 1), block=(DW_DEFINES["DW_BLOCK"], 1, 1), shared_bytes=g["smem"])
+
+
+def depthwise_args(p: Conv2dProblem) -> tuple:
+    """`full_args` plus the tile shape ``PL, TP, NSEG`` from `dw_config`."""
+    return full_args(p) + tuple(np.int32(v) for v in dw_config(p))
+
+
+def depthwise_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
+    """Writes per output element, from the kernel's block and thread mapping.
+
+    A block (plane group pg, strip st, column tile ct) writes plane pg*PL + pl, row st*TP + tp,
+    columns ct*TQ + sg*DW_QPT + u for every (pl, tp, sg) some thread visits, when inside the
+    output. The count factorises over planes, rows and columns given the per-block visit
+    counts, so it is computed as small matrix products instead of a loop over blocks.
+    """
+    block, qpt = cfg.block[0], DW_DEFINES["DW_QPT"]
+    pl_n, tp_n, nseg = dw_config(p)
+    tq = nseg * qpt
+    nc = p.N * p.C
+    ct_n, st_n = _cdiv(p.Q, tq), _cdiv(p.P, tp_n)
+    # Block decode, as in the kernel: blockIdx.x = (pg * ST + st) * CT + ct. With div/mod this is
+    # a bijection onto [0, n_pg) x [0, ST) x [0, CT) exactly when grid x is their product.
+    n_pg = _cdiv(nc, pl_n)
+    if cfg.grid[0] != n_pg * st_n * ct_n:
+        raise AssertionError(f"grid x {cfg.grid[0]} != {n_pg} plane groups x {st_n} strips x {ct_n} column tiles")
+    # Items a block's threads visit: thread t takes segment sg = t % GS of output rows
+    # t // GS, + block // GS, ... (rows counted over the block's PL*TP rows).
+    gs = _next_pow2(nseg)
+    visits = np.zeros((pl_n * tp_n, nseg), dtype=np.int64)
+    for t in range(block):
+        sg = t % gs
+        if sg < nseg:
+            visits[t // gs :: block // gs, sg] += 1
+    visits = visits.reshape(pl_n, tp_n, nseg)
+    # Per-dimension incidence: A[nc, pl] = #pg with pg*PL + pl = nc, etc., over the blocks' values.
+    a = np.zeros((nc, pl_n))
+    pgs, pls = np.meshgrid(np.arange(n_pg), np.arange(pl_n), indexing="ij")
+    ncs = pgs * pl_n + pls
+    np.add.at(a, (ncs[ncs < nc], pls[ncs < nc]), 1)
+    brow = np.zeros((p.P, tp_n))
+    sts, tps = np.meshgrid(np.arange(st_n), np.arange(tp_n), indexing="ij")
+    ps = sts * tp_n + tps
+    np.add.at(brow, (ps[ps < p.P], tps[ps < p.P]), 1)
+    ccol = np.zeros((p.Q, nseg))
+    cts, sgs, us = np.meshgrid(np.arange(ct_n), np.arange(nseg), np.arange(qpt), indexing="ij")
+    qs = cts * tq + sgs * qpt + us
+    np.add.at(ccol, (qs[qs < p.Q], sgs[qs < p.Q]), 1)
+    # count[nc, p, q] = sum_{pl, tp, sg} visits[pl, tp, sg] * A[nc, pl] * B[p, tp] * Cc[q, sg]
+    t1 = np.einsum("lts,qs->ltq", visits, ccol)  # [pl, tp, q]
+    t2 = np.einsum("pt,ltq->lpq", brow, t1)  # [pl, p, q]
+    counts = a @ t2.reshape(pl_n, -1)  # [nc, p*q]
+    return np.rint(counts).astype(np.int64).ravel()
+
+
+register(
+    Variant(
+        name="depthwise",
+        day=7,
+        cu_file="07_depthwise.cu",
+        entry="conv2d_depthwise",
+        summary="depthwise (groups = C = K): input tile + halo staged once in shared memory with "
+        "float4 loads, 4 outputs per thread from registers; 3x3 stride 1/2 unrolled",
+        supports_fn=depthwise_supports,
+        launch_fn=depthwise_launch,
+        args_fn=depthwise_args,
+        covers_fn=depthwise_covers,
+        defines=dict(DW_DEFINES),
+    )
+)

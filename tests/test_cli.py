@@ -1,0 +1,52 @@
+"""``python -m benchmarks``: help, argument errors and the plain no-GPU message (exit codes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_cli(*args: str) -> subprocess.CompletedProcess:
+    """Run ``python -m benchmarks ARGS`` from the repository root; capture its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_help():
+    r = bench_cli("--help")
+    assert r.returncode == 0, r.stderr
+    for opt in ("--suite", "--variants", "--dtype", "--skip-big"):
+        assert opt in r.stdout
+    assert "quick" in r.stdout and "edge" in r.stdout
+
+
+def test_unknown_suite_exits_2():
+    r = bench_cli("--suite", "no_such_suite")
+    assert r.returncode == 2
+    assert "invalid choice" in r.stderr and "no_such_suite" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_dtype_exits_2():
+    r = bench_cli("--dtype", "fp8")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+@pytest.mark.skipif(gpu.has_gpu(), reason="a GPU is present: the no-GPU message does not apply")
+def test_no_gpu_exits_2_with_a_plain_message():
+    r = bench_cli("--suite", "quick")
+    assert r.returncode == 2
+    assert "needs an NVIDIA GPU" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+    assert not list((ROOT / "benchmarks" / "results").glob("none/*"))  # nothing written for "no GPU"

@@ -1,0 +1,187 @@
+"""Every kernel compiles with plain nvcc for every target architecture; no variant spills.
+
+No GPU needed: `helpers.compile.nvcc_compile` runs ``nvcc -cubin -Xptxas -v``. Without nvcc on
+PATH the compile tests skip (the `parse_ptxas` unit tests still run).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from helpers import compile as hc
+from helpers.suites import SUITES, suite
+from helpers.variants import all_variants
+
+KERNEL_FILES = sorted(p.name for p in hc.KERNEL_DIR.glob("*.cu"))
+
+# Kernel files that need a newer architecture than sm_75, matched by a word in the file name:
+# word -> (oldest compute capability as an int, why). Tensor-core files use bf16 WMMA, mma.sync
+# with ldmatrix or cp.async, all sm_80+; wgmma/TMA exist on Hopper only (sm_90a).
+MIN_ARCH = {
+    "wmma": (80, "bf16 WMMA fragments need sm_80+"),
+    "mma": (80, "mma.sync/ldmatrix tiles of this series need sm_80+"),
+    "pipelined": (80, "cp.async needs sm_80+"),
+    "wgmma": (90, "wgmma/TMA are Hopper-only (sm_90a)"),
+}
+# Files that must be built for a feature-specific target instead of the plain one.
+FEATURE_ARCH = {"wgmma": {"sm_90": "sm_90a"}}
+ONLY_ARCHS = {"wgmma": ("sm_90",)}  # wgmma does not exist on sm_120 either
+SPILL_CHECK_ARCH = "sm_90"
+
+needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
+
+
+def _cc(arch: str) -> int:
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def _words(cu_file: str) -> list[str]:
+    return cu_file.removesuffix(".cu").split("_")
+
+
+def arch_skip_reason(cu_file: str, arch: str) -> str | None:
+    """Why ``cu_file`` is not built for ``arch`` (see `MIN_ARCH`, `ONLY_ARCHS`), or ``None``."""
+    for word in _words(cu_file):
+        if word in ONLY_ARCHS and arch not in ONLY_ARCHS[word]:
+            return f"{cu_file} is built only for {', '.join(ONLY_ARCHS[word])}"
+        if word in MIN_ARCH and _cc(arch) < MIN_ARCH[word][0]:
+            return f"{cu_file} needs sm_{MIN_ARCH[word][0]}+ ({MIN_ARCH[word][1]}); skipped for {arch}"
+    return None
+
+
+def target_arch(cu_file: str, arch: str) -> str:
+    """The ``-arch`` to pass for ``cu_file`` on ``arch`` (``sm_90a`` for Hopper-only features)."""
+    for word in _words(cu_file):
+        if arch in FEATURE_ARCH.get(word, {}):
+            return FEATURE_ARCH[word][arch]
+    return arch
+
+
+@functools.cache
+def compile_once(cu_file: str, arch: str, defines: tuple[tuple[str, object], ...]) -> tuple[list, str]:
+    """`helpers.compile.nvcc_compile`, cached per (file, arch, defines) for the whole session."""
+    return hc.nvcc_compile(cu_file, arch=target_arch(cu_file, arch), defines=dict(defines))
+
+
+def defines_for(cu_file: str) -> list[tuple[tuple[str, object], ...]]:
+    """The distinct ``-D`` sets that registered variants build ``cu_file`` with (``[()]`` if none)."""
+    sets = {tuple(sorted(v.defines.items())) for v in all_variants() if v.cu_file == cu_file}
+    return sorted(sets, key=repr) or [()]
+
+
+def test_kernel_files_exist():
+    assert KERNEL_FILES, f"no .cu files in {hc.KERNEL_DIR}"
+    for v in all_variants():
+        assert (hc.KERNEL_DIR / v.cu_file).is_file(), f"variant {v.name} names a missing file {v.cu_file}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", hc.ARCHS)
+@pytest.mark.parametrize("cu_file", KERNEL_FILES)
+def test_compiles(cu_file: str, arch: str):
+    reason = arch_skip_reason(cu_file, arch)
+    if reason:
+        pytest.skip(reason)
+    for defines in defines_for(cu_file):
+        try:
+            reports, _ = compile_once(cu_file, arch, defines)
+        except RuntimeError as e:
+            hint = "" if defines else " (no registered variant uses this file, so it was built without -D defines)"
+            pytest.fail(f"{e}{hint}")
+        assert reports, f"{cu_file} ({arch}, {dict(defines)}) has no __global__ entry in the ptxas report"
+        assert all(r.arch.startswith(target_arch(cu_file, arch)) for r in reports)
+
+
+def variant_entries(variant) -> set[str]:
+    """Entry points ``variant`` launches: its default entry and, for variants that pick one per
+    problem (``entry_for``), the entries of every problem of the named suites it supports."""
+    entries = {variant.entry}
+    entry_for = getattr(variant, "entry_for", None)
+    if entry_for is not None:
+        for name in SUITES:
+            entries |= {entry_for(p) for p in suite(name) if variant.supports(p) is None}
+    return entries
+
+
+@needs_nvcc
+@pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)
+def test_variant_entries_have_no_spills(variant):
+    """The entries a variant launches exist; no entry of its build spills or uses a stack."""
+    reason = arch_skip_reason(variant.cu_file, SPILL_CHECK_ARCH)
+    if reason:
+        pytest.skip(reason)
+    defines = tuple(sorted(variant.defines.items()))
+    reports, log = compile_once(variant.cu_file, SPILL_CHECK_ARCH, defines)
+    by_entry = {r.entry: r for r in reports}
+    missing = variant_entries(variant) - set(by_entry)
+    assert not missing, f"{variant.name}: entries {sorted(missing)} not in the ptxas report {sorted(by_entry)}:\n{log}"
+    for r in reports:
+        assert r.registers > 0, r
+        assert (r.spill_stores, r.spill_loads) == (0, 0), f"{variant.name}: {r.entry} spills on {r.arch}: {r}"
+        assert r.stack_bytes == 0, f"{variant.name}: {r.entry} has a {r.stack_bytes}-byte stack frame on {r.arch}"
+
+
+# ---- parse_ptxas ----------------------------------------------------------------------------
+
+LOG_CUDA13 = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'conv2d_naive' for 'sm_90'
+ptxas info    : Function properties for conv2d_naive
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 48 registers, used 0 barriers
+ptxas info    : Compile time = 49.321 ms
+ptxas info    : Compiling entry function 'conv2d_tiled' for 'sm_90'
+ptxas info    : Function properties for conv2d_tiled
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 4624 bytes smem
+"""
+
+LOG_WITH_CMEM = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'conv2d_z_out' for 'sm_75'
+ptxas info    : Function properties for conv2d_z_out
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 63 registers, 1024 bytes smem, 404 bytes cmem[0]
+"""
+
+LOG_SPILLS = """\
+ptxas info    : Compiling entry function 'conv2d_blocked' for 'sm_86'
+ptxas info    : Function properties for conv2d_blocked
+    152 bytes stack frame, 148 bytes spill stores, 160 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 400 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_cuda13_without_cmem():
+    reps = hc.parse_ptxas(LOG_CUDA13)
+    assert [r.entry for r in reps] == ["conv2d_naive", "conv2d_tiled"]
+    assert reps[0] == hc.PtxasReport("conv2d_naive", "sm_90", 48, 0, 0, 0, 0)
+    assert reps[1] == hc.PtxasReport("conv2d_tiled", "sm_90", 40, 4624, 0, 0, 0)
+
+
+def test_parse_ptxas_older_log_with_cmem():
+    (r,) = hc.parse_ptxas(LOG_WITH_CMEM)
+    assert r == hc.PtxasReport("conv2d_z_out", "sm_75", 63, 1024, 0, 0, 0)
+
+
+def test_parse_ptxas_spills():
+    (r,) = hc.parse_ptxas(LOG_SPILLS)
+    assert (r.entry, r.arch, r.registers, r.shared_bytes) == ("conv2d_blocked", "sm_86", 255, 8192)
+    assert (r.stack_bytes, r.spill_stores, r.spill_loads) == (152, 148, 160)
+
+
+def test_parse_ptxas_empty_and_noise():
+    assert hc.parse_ptxas("") == []
+    assert hc.parse_ptxas("ptxas info    : 0 bytes gmem\nwarning: something\n") == []
+
+
+def test_define_flags_sorted():
+    assert hc.define_flags({"TILE": 16, "ACCUM": "double"}) == ["-DACCUM=double", "-DTILE=16"]
+    assert hc.define_flags(None) == []
+
+
+def test_kernel_path_missing():
+    with pytest.raises(FileNotFoundError, match="no kernel file"):
+        hc.kernel_path("99_does_not_exist.cu")

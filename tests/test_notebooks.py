@@ -1,0 +1,81 @@
+"""The committed notebooks: valid, executed top to bottom without errors, named day by day.
+
+The notebooks are executed on a GPU machine (nbclient) and committed with their outputs; here
+we only read them, so a notebook committed unexecuted, half-executed, out of order or with an
+error in an output fails CI.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+KERNEL_DIR = ROOT / "kernels" / "conv2d"
+NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
+NAME = re.compile(r"day_(\d{2})_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
+CU_REF = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+\.cu)\b")
+
+NB_PARAMS = [pytest.param(p, id=p.name) for p in NOTEBOOKS] or [
+    pytest.param(None, marks=pytest.mark.skip(reason="no notebooks/*.ipynb committed yet"), id="none")
+]
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    """Read and validate a notebook against the nbformat schema (raises on an invalid one)."""
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    return nb
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list:
+    """The notebook's non-empty code cells, in order."""
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+@pytest.mark.parametrize("path", NB_PARAMS)
+def test_executed_in_order_without_errors(path: Path):
+    nb = read(path)
+    cells = code_cells(nb)
+    assert cells, f"{path.name} has no code"
+    counts = [c.execution_count for c in cells]
+    unexecuted = [i for i, n in enumerate(counts) if n is None]
+    assert not unexecuted, f"{path.name}: code cells {unexecuted} were not executed"
+    assert counts[0] == 1, (
+        f"{path.name}: the first code cell has execution count {counts[0]}, not 1 (re-run from a fresh kernel)"
+    )
+    assert all(a < b for a, b in zip(counts, counts[1:])), f"{path.name}: execution counts out of order: {counts}"
+    for i, c in enumerate(cells):
+        for out in c.get("outputs", []):
+            assert out.output_type != "error", f"{path.name} cell {i}: {out.get('ename')}: {out.get('evalue')}"
+            if out.output_type == "stream" and out.name == "stderr":
+                assert "Traceback" not in out.text, f"{path.name} cell {i}: a traceback on stderr:\n{out.text[-2000:]}"
+
+
+@pytest.mark.parametrize("path", NB_PARAMS)
+def test_kernel_files_referenced_exist(path: Path):
+    nb = read(path)
+    refs = {m for c in nb.cells for m in CU_REF.findall(c.source)}
+    missing = sorted(r for r in refs if not (KERNEL_DIR / r).is_file())
+    assert not missing, f"{path.name} refers to missing kernel files {missing} (looked in {KERNEL_DIR})"
+
+
+def test_names_are_consecutive_days():
+    if not NOTEBOOKS:
+        pytest.skip("no notebooks/*.ipynb committed yet")
+    bad = [p.name for p in NOTEBOOKS if not NAME.fullmatch(p.name)]
+    assert not bad, f"notebook names must look like day_NN_name.ipynb (lower case); got {bad}"
+    days = [int(NAME.fullmatch(p.name).group(1)) for p in NOTEBOOKS]
+    assert days == list(range(len(days))), f"notebook days must run 00, 01, 02, ... without gaps or repeats; got {days}"
+
+
+def test_cu_reference_pattern():
+    assert CU_REF.findall('show_source("01_naive.cu") and kernels/conv2d/04_shared_halo_threads.cu') == [
+        "01_naive.cu",
+        "04_shared_halo_threads.cu",
+    ]
+    assert CU_REF.findall("conv2d_common.cuh and file.cuda") == []

@@ -1,0 +1,146 @@
+"""The README's generated sections are up to date, and the CI script runs the README's command."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks import readme_table as rt
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+TEST_COMMAND = "python -m ruff check . && python -m pytest -q tests"
+README_COMMAND = f"python -m pip install -r requirements-cpu.txt && {TEST_COMMAND}"
+
+
+def test_committed_readme_is_not_stale():
+    text = README.read_text()
+    assert rt.render_readme(text) == text, "README.md is stale: run `python -m benchmarks.readme_table` and commit"
+
+
+def test_regenerating_twice_changes_nothing():
+    once = rt.render_readme(README.read_text())
+    assert rt.render_readme(once) == once
+
+
+def test_readme_links_existing_files():
+    text = README.read_text()
+    links = re.findall(r"\]\(((?:notebooks|benchmarks|kernels|helpers|tests)/[^)#]+)\)", text)
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
+
+
+def test_readme_and_ci_run_the_same_command():
+    assert README_COMMAND in README.read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in ci
+    assert "python -m pip install -q -r requirements-cpu.txt" in ci
+    assert TEST_COMMAND in ci
+    assert os.stat(ROOT / ".ci" / "run").st_mode & stat.S_IXUSR, ".ci/run must be executable"
+
+
+def test_cpu_requirements_pin_torch_and_leave_out_pycuda():
+    reqs = [ln.split("#")[0].strip() for ln in (ROOT / "requirements-cpu.txt").read_text().splitlines()]
+    reqs = [r for r in reqs if r]
+    assert "torch==2.13.0" in reqs  # an unpinned torch downloads a multi-GB CUDA build
+    names = {re.split(r"[<>=!~\[ ]", r)[0].lower() for r in reqs}
+    assert not names & {"pycuda", "lovely-tensors"}
+    assert {"pytest", "ruff", "nbformat", "nbclient", "numpy", "pandas"} <= names
+    runtime = {re.split(r"[<>=!~\[ ]", ln)[0].lower() for ln in (ROOT / "requirements.txt").read_text().splitlines()
+               if ln.strip() and not ln.startswith("#")}  # fmt: skip
+    assert {"pycuda", "torch", "lovely-tensors", "jupyter", "tqdm", "scikit-image"} <= runtime
+
+
+# ---- the generator on synthetic inputs -------------------------------------------------------
+
+
+def test_no_results_yet(tmp_path: Path):
+    assert rt.results_section(tmp_path) == rt.NO_RESULTS == "No results committed yet."
+
+
+def _fake_results(results_dir: Path) -> None:
+    meta = dict(gpu="NVIDIA H200", driver="580.95.05", cuda="13.0", torch="2.13.0", cudnn="91500",
+                cudnn_fp32_precision="ieee", suite="quick", date="2026-11-30")  # fmt: skip
+    nan = math.nan
+    rows = [
+        dict(variant="cudnn", day=0, problem="a", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0),
+        dict(variant="naive", day=1, problem="a", ok=True, status="ok", ms_p50=4.0, x_cudnn=0.25),
+        dict(variant="z_out", day=2, problem="a", ok=True, status="ok", ms_p50=0.5, x_cudnn=2.0),
+        dict(variant="cudnn", day=0, problem="b", ok=None, status="baseline", ms_p50=2.0, x_cudnn=1.0),
+        dict(variant="naive", day=1, problem="b", ok=True, status="ok", ms_p50=2.0, x_cudnn=1.0),
+        dict(variant="z_out", day=2, problem="b", ok=False, status="FAIL normal", ms_p50=nan, x_cudnn=nan),
+        dict(variant="cudnn", day=0, problem="c", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0),
+        dict(variant="naive", day=1, problem="c", ok=None, status="unsupported: x", ms_p50=nan, x_cudnn=nan),
+        dict(variant="z_out", day=2, problem="c", ok=True, status="ok", ms_p50=0.125, x_cudnn=8.0),
+    ]
+    d = results_dir / "nvidia-h200"
+    d.mkdir(parents=True)
+    pd.DataFrame([{**r, **meta} for r in rows]).to_csv(d / "quick.csv", index=False)
+    pd.DataFrame([{**r, **meta, "suite": "edge"} for r in rows[:3]]).to_csv(d / "edge.csv", index=False)
+    l4 = results_dir / "nvidia-l4"
+    l4.mkdir()
+    pd.DataFrame([{**r, **meta, "gpu": "NVIDIA L4"} for r in rows[:2]]).to_csv(l4 / "quick.csv", index=False)
+
+
+def test_results_tables(tmp_path: Path):
+    _fake_results(tmp_path)
+    out = rt.results_section(tmp_path)
+    headings = re.findall(r"^### (.*)$", out, flags=re.M)
+    assert headings == ["NVIDIA H200 — `quick`", "NVIDIA H200 — `edge`", "NVIDIA L4 — `quick`"]
+    h200_quick = out.split("### ")[1]
+    assert "driver 580.95.05 · CUDA 13.0 · torch 2.13.0 · cuDNN 91500 (fp32 precision: ieee)" in h200_quick
+    assert "3 problems" in h200_quick and "2026-11-30" in h200_quick
+    assert "| cudnn | baseline | baseline | baseline | 3 | 1.000 |" in h200_quick
+    assert "| naive | 01 | 2 | 2 | 2 | 0.500 |" in h200_quick  # geomean(0.25, 1.0)
+    assert "| z_out | 02 | 3 | 2 | 2 | 4.000 |" in h200_quick  # geomean(2, 8); the failed run not timed
+    assert "[CSV](benchmarks/results/nvidia-h200/quick.csv)" in h200_quick
+
+
+def test_render_readme_replaces_only_between_markers(tmp_path: Path):
+    _fake_results(tmp_path / "results")
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "nb" / "day_01_naive.ipynb").write_text("{}")
+    text = (
+        "intro\n<!-- curriculum:start -->\nold\n<!-- curriculum:end -->\n"
+        "mid\n<!-- results:start -->\nold\n<!-- results:end -->\nend\n"
+    )
+    new = rt.render_readme(text, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb")
+    assert new.startswith("intro\n<!-- curriculum:start -->\n| day |") and new.endswith("<!-- results:end -->\nend\n")
+    assert "\nmid\n" in new and "old" not in new
+    assert "| 01 | [day_01_naive](notebooks/day_01_naive.ipynb) |" in new
+    assert "| 02 | planned |" in new
+    assert rt.render_readme(new, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb") == new
+
+
+def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
+    table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]})
+    lines = table.splitlines()
+    assert len(lines) == 2 + 16 and lines[2].startswith("| 00 | planned |")
+    assert lines[3].endswith("| `naive` |") and lines[6].endswith("| `a`, `b` |")
+    assert lines[4].endswith("| *z_out* |")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["no markers", "<!-- results:start -->", "<!-- results:end --> <!-- results:start -->",
+     "<!-- results:start --><!-- results:start --><!-- results:end -->"],
+)  # fmt: skip
+def test_replace_between_refuses_bad_markers(text: str):
+    with pytest.raises(ValueError, match="results"):
+        rt.replace_between(text, "results", "body")
+
+
+def test_check_flag(tmp_path: Path):
+    readme = tmp_path / "README.md"
+    readme.write_text(README.read_text())
+    assert rt.main(["--check", "--readme", str(readme)]) == 0
+    readme.write_text(README.read_text().replace("<!-- results:start -->\n", "<!-- results:start -->\nstale\n"))
+    assert rt.main(["--check", "--readme", str(readme)]) == 1
+    assert rt.main(["--readme", str(readme)]) == 0
+    assert readme.read_text() == README.read_text()

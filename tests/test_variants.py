@@ -1,0 +1,225 @@
+"""The variant registry on the CPU: launch configs, the write-coverage models, refusals, bad input.
+
+For every registered variant and every problem it claims (`Variant.supports` is ``None``), the
+Python model of its kernel (`Variant.covers`) must write each output element exactly once, with a
+launch configuration inside CUDA's limits. Bad tensors must be refused before anything touches
+the GPU or imports pycuda.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import gpu
+from helpers.problem import Conv2dProblem
+from helpers.suites import edge, is_big, quick
+from helpers.variants import (
+    MAX_GRID,
+    MAX_THREADS_PER_BLOCK,
+    UnsupportedProblem,
+    all_variants,
+    get,
+    prepare,
+    run,
+)
+
+VARIANTS = all_variants()
+
+
+def random_problems(n: int = 50, seed: int = 2024) -> list[Conv2dProblem]:
+    """Small seeded problems: mostly 'same' odd filters (what days 01-06 take), some general ones."""
+    rng = random.Random(seed)
+    out: list[Conv2dProblem] = []
+    while len(out) < n:
+        kind = rng.random()
+        N, H, W = rng.randint(1, 3), rng.randint(1, 40), rng.randint(1, 40)
+        try:
+            if kind < 0.6:  # "same", odd square or non-square filters, K around the blocking thresholds
+                R = rng.choice([1, 3, 5, 7, 9])
+                S = R if rng.random() < 0.7 else rng.choice([1, 3, 5])
+                K = rng.choice([1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40])
+                out.append(Conv2dProblem(N=N, C=rng.randint(1, 9), H=H, W=W, K=K, R=R, S=S, padding="same"))
+            elif kind < 0.8:  # depthwise
+                C = rng.randint(1, 12)
+                out.append(Conv2dProblem(N=N, C=C, H=H, W=W, K=C, R=3, S=3, padding=1,
+                                         stride=rng.choice([1, 2]), groups=C))  # fmt: skip
+            else:  # general
+                g = rng.choice([1, 2])
+                out.append(
+                    Conv2dProblem(
+                        N=N, C=g * rng.randint(1, 4), H=H, W=W, K=g * rng.randint(1, 4),
+                        R=rng.randint(1, 5), S=rng.randint(1, 5), stride=rng.choice([1, 2, (2, 1)]),
+                        padding=rng.choice([0, 1, (2, 0)]), dilation=rng.choice([1, 2]), groups=g,
+                    )
+                )  # fmt: skip
+        except ValueError:  # filter larger than the padded image: draw again
+            continue
+    return out
+
+
+ALL_PROBLEMS = [(f"edge:{p.name}", p) for p in edge()] + [
+    (f"rand{i}:{p.name}", p) for i, p in enumerate(random_problems())
+]
+# (variant, problem) pairs the variant claims; the unsupported ones are not tests (and not skips)
+SUPPORTED = [
+    pytest.param(v, p, id=f"{v.name}-{pid}") for v in VARIANTS for pid, p in ALL_PROBLEMS if v.supports(p) is None
+]
+
+
+def check_launch_limits(v, p: Conv2dProblem) -> None:
+    """The launch config of ``v`` for ``p`` is one CUDA accepts."""
+    cfg = v.launch(p)
+    assert len(cfg.grid) == 3 and len(cfg.block) == 3
+    assert 1 <= cfg.threads_per_block <= MAX_THREADS_PER_BLOCK, (v.name, p.name, cfg)
+    assert cfg.block[2] <= 64 and all(b >= 1 for b in cfg.block), (v.name, p.name, cfg)
+    for axis, (g, limit) in enumerate(zip(cfg.grid, MAX_GRID)):
+        assert isinstance(g, int) and 1 <= g <= limit, f"{v.name} {p.name}: grid {'xyz'[axis]} = {g}"
+    assert cfg.shared_bytes >= 0
+
+
+@pytest.mark.parametrize("v, p", SUPPORTED)
+def test_every_output_written_once(v, p: Conv2dProblem):
+    check_launch_limits(v, p)
+    if is_big(p):
+        pytest.skip("2^31-element problem: launch limits checked, coverage model not evaluated (memory)")
+    counts = np.asarray(v.covers(p))
+    assert counts.shape == (p.y_numel,), f"{v.name}: covers() gives {counts.shape}, want ({p.y_numel},)"
+    never, twice = int((counts == 0).sum()), int((counts > 1).sum())
+    assert never == 0 and twice == 0, f"{v.name} on {p.name}: {never} outputs never written, {twice} more than once"
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_supports_returns_none_or_a_reason(v):
+    for _, p in ALL_PROBLEMS:
+        reason = v.supports(p)
+        assert reason is None or (isinstance(reason, str) and reason.startswith(v.name)), (v.name, p.name, reason)
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_variant_supports_something(v):
+    """A variant with no supported problem among the edge and random ones would make the coverage test vacuous."""
+    probs = [p for p in edge() + random_problems() if not is_big(p)]
+    assert any(v.supports(p) is None for p in probs), f"{v.name} supports none of the edge/random problems"
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_grid_capping_cases_are_covered(v):
+    """The edge suite's N*K > 65535 and P > 65535*8 problems: supported ones keep the grid within limits."""
+    for p in edge():
+        if (p.N * p.K > MAX_GRID[2] or p.P > MAX_GRID[1] * 8) and v.supports(p) is None:
+            cfg = v.launch(p)
+            assert cfg.grid[1] <= MAX_GRID[1] and cfg.grid[2] <= MAX_GRID[2], (v.name, p.name, cfg)
+
+
+def test_registry_names_and_days():
+    names = [v.name for v in VARIANTS]
+    assert len(names) == len(set(names))
+    assert [v.day for v in VARIANTS] == sorted(v.day for v in VARIANTS)
+    assert {"naive", "z_out"} <= set(names)
+    for v in VARIANTS:
+        assert get(v.name) is v and get(v) is v
+        assert v.cu_file.endswith(".cu") and v.entry
+    with pytest.raises(KeyError, match="known: "):
+        get("no_such_variant")
+
+
+# ---- refusals of days 01-02 ------------------------------------------------------------------
+
+BASE = dict(N=1, C=3, H=16, W=12, K=4, R=3, S=3, padding=1)
+
+
+@pytest.mark.parametrize("name", ["naive", "z_out"])
+@pytest.mark.parametrize(
+    "change, must_name",
+    [
+        (dict(R=4, S=3, padding=(1, 1)), "R=4"),
+        (dict(R=3, S=2, padding=(1, 0)), "S=2"),
+        (dict(stride=(2, 1)), "(2, 1)"),
+        (dict(dilation=2, padding=2), "(2, 2)"),
+        (dict(C=4, K=4, groups=2), "groups=1; got 2"),
+        (dict(padding=0), "(0, 0)"),
+        (dict(padding=(1, 2)), "(1, 2)"),
+        (dict(dtype="fp16"), "fp16"),
+        (dict(layout="NHWC"), "NHWC"),
+    ],
+)
+def test_days_01_02_refusals_name_the_value(name: str, change: dict, must_name: str):
+    v = get(name)
+    assert v.supports(Conv2dProblem(**BASE)) is None
+    reason = v.supports(Conv2dProblem(**{**BASE, **change}))
+    assert reason is not None and must_name in reason, reason
+    assert reason.startswith(name)
+
+
+# ---- bad input is refused before any GPU use -------------------------------------------------
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Make any GPU use fail loudly: pycuda unimportable, `gpu.init`/`device_info` raising."""
+
+    def touched(*a, **k):
+        raise AssertionError("the GPU was touched before the input was validated")
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    monkeypatch.setattr(gpu, "init", touched)
+    monkeypatch.setattr(gpu, "device_info", touched)
+
+
+def supported_square(v) -> Conv2dProblem:
+    """A problem ``v`` supports with H == W (so a transposed x keeps its shape)."""
+    for p in quick() + edge() + random_problems():
+        if p.H == p.W and p.H > 1 and not is_big(p) and v.supports(p) is None:
+            return p
+    pytest.skip(f"{v.name} supports no square problem here")
+
+
+@pytest.mark.parametrize("call", [prepare, run], ids=["prepare", "run"])
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_bad_tensors_refused_on_cpu(v, call, no_gpu):
+    p = supported_square(v)
+    x, w = p.make_inputs()
+    with pytest.raises(TypeError, match=r"x must be torch\.float32"):
+        call(v, p, x.double(), w)
+    with pytest.raises(TypeError, match=r"w must be torch\.float32"):
+        call(v, p, x, w.half())
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        call(v, p, x.numpy(), w)
+    bad_shape = torch.zeros(p.N, p.C, p.H + 1, p.W)
+    with pytest.raises(ValueError, match="x must have shape"):
+        call(v, p, bad_shape, w)
+    with pytest.raises(ValueError, match="w must have shape"):
+        call(v, p, x, w[:, :, :1])
+    xt = x.transpose(2, 3)
+    assert xt.shape == x.shape and not xt.is_contiguous()
+    with pytest.raises(ValueError, match=r"not contiguous.*x\.contiguous\(\)"):
+        call(v, p, xt, w)
+    with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
+        call(v, p, x, w)
+
+
+@pytest.mark.parametrize("call", [prepare, run], ids=["prepare", "run"])
+def test_unsupported_problem_refused_before_tensors(call, no_gpu):
+    p = Conv2dProblem(N=1, C=2, H=8, W=8, K=3, R=4, S=4, padding=(1, 1))
+    x, w = p.make_inputs()
+    with pytest.raises(UnsupportedProblem, match="odd filter"):
+        call("naive", p, x, w)
+    assert issubclass(UnsupportedProblem, ValueError)
+
+
+def test_filter_larger_than_image_refused_at_construction():
+    with pytest.raises(ValueError, match="larger than the padded image"):
+        Conv2dProblem(N=1, C=1, H=3, W=3, K=1, R=5, S=5)
+
+
+def test_no_gpu_fixture_blocks_pycuda(no_gpu):
+    with pytest.raises(ImportError):
+        import pycuda.driver  # noqa: F401
+    with pytest.raises(AssertionError, match="touched"):
+        gpu.device_info()
