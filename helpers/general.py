@@ -100,7 +100,7 @@ register(
 
 
 # ---- day 07: depthwise -----------------------------------------------------------------------
-DW_DEFINES = {"DW_BLOCK": 256, "DW_QPT": 4, "DW_FILL": 4, "DW_MIN_BLOCKS": 5}
+DW_DEFINES = {"DW_BLOCK": 256, "DW_QPT": 4, "DW_FILL": 4}  # DW_MIN_BLOCKS: the .cu default per arch
 DW_SEG_MAX = 64  # row segments per tile: at most 64 * DW_QPT = 256 output columns
 DW_ROWS_PER_THREAD = 4  # aim for ~4 row segments per thread
 DW_SMEM_TARGET = 32 * 1024  # a soft limit that leaves room for 5-7 blocks per SM
@@ -128,7 +128,7 @@ def dw_geometry(p: Conv2dProblem, PL: int, TP: int, NSEG: int) -> dict:
         "TW": tw,
         "RSP": rsp,
         "max_chunks": tw // 4 + 1,  # a tile row starting at any column meets at most this many
-        "smem": 4 * (PL * th * tw + PL * rsp),
+        "smem": 4 * (PL * th * (tw + 8) + PL * rsp),  # row pitch tw + 8 (4 spare columns each side)
     }
 
 

@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark everything under tests/gpu as ``gpu``; skip ``gpu``/``big`` tests this machine cannot run."""
     gpu_dir = ROOT / "tests" / "gpu"
     for item in items:
-        if gpu_dir in Path(str(item.fspath)).parents:
+        if gpu_dir in Path(item.path).parents:
             item.add_marker(pytest.mark.gpu)
         if item.get_closest_marker("gpu") is None and item.get_closest_marker("big") is None:
             continue

@@ -31,7 +31,7 @@
 //
 // Compile-time parameters (-D, defaults below): BY (thread rows), PT (rows per thread),
 // C_STAGE (input channels per shared-memory stage, the template parameter CC; default 32 for
-// 1x1, 8 for 3x3, 4 above),
+// 1x1, 8 for 3x3, 4 above), LOAD_UNROLL (3),
 // MINB (blocks per SM asked of __launch_bounds__; default 2 up to 3x3, 1 above, which keeps
 // every architecture free of spills). R = S, KT, KG and CC are template parameters; the
 // entry points below instantiate R = S in {1, 3, 5, 7, 9} with (KT, KG) in {(1,1), (4,1),
@@ -62,10 +62,12 @@
 #else
 #define MINB_FOR(R) ((R) >= 5 ? 1 : 2)
 #endif
-// Unrolling of the tile-loading loops (more loads in flight, more registers).
+// Unrolling of the tile-loading loops: more loads in flight per thread, more registers. On the
+// H200 (seed suite) 3 beat 1, 2 and 4; 4 spills on the 3x3 kernels.
 #ifndef LOAD_UNROLL
-#define LOAD_UNROLL 1
+#define LOAD_UNROLL 3
 #endif
+constexpr int kLoadUnroll = LOAD_UNROLL;  // #pragma unroll takes a constant, not a macro
 #define TQ 32
 
 template <int R, int S, int KT, int KG, int CC>
@@ -102,7 +104,7 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
             for (int c0 = 0; c0 < C; c0 += CC) {
                 __syncthreads();  // the previous stage's tiles are no longer read
                 // Input tile + halo, coalesced along the row; zero outside the image and past C.
-#pragma unroll LOAD_UNROLL
+#pragma unroll kLoadUnroll
                 for (int i = tid; i < XTILE; i += nthreads) {
                     const int cl = i / (XH * XW), rem = i % (XH * XW);
                     const int h = p0 - pad_h + rem / XW, ww = q0 - pad_w + rem % XW;
@@ -114,7 +116,7 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
                 }
                 // Filter taps: w[k0+j][c0..c0+CC)[r][s] is contiguous, so read it in order and
                 // transpose into sw[cl][r][s][j].
-#pragma unroll LOAD_UNROLL
+#pragma unroll kLoadUnroll
                 for (int i = tid; i < WTILE; i += nthreads) {
                     const int j = i / (CC * R * S), rem = i % (CC * R * S);
                     const int k = k0 + j, c = c0 + rem / (R * S);

@@ -17,8 +17,10 @@
 //   planes NC = N*C; strips ST = ceil(P/TP); column tiles CT = ceil(Q/TQ)
 //   blockIdx.x = (plane_group * ST + strip) * CT + column_tile      (1-D grid, < 2^31)
 //   input tile per plane: TH = (TP-1)*sh + (R-1)*dh + 1 rows (from h0 = strip*TP*sh - ph)
-//                         x TW = round_up((TQ-1)*sw + (S-1)*dw + 1, 4) columns (from w0 = q0*sw - pw)
-//   shared memory: (PL*TH*TW + PL*round_up(R*S, 4)) * 4 bytes, dynamic
+//                         x TW = round_up((TQ-1)*sw + (S-1)*dw + 1, 4) columns (from w0 = q0*sw - pw),
+//                         stored with a row pitch of TW + 8: tile column j lives at 4 + j, and the
+//                         4 spare columns on each side take the overhang of the 4-column load chunks
+//   shared memory: (PL*TH*(TW+8) + PL*round_up(R*S, 4)) * 4 bytes, dynamic
 // Thread mapping inside a block (thread counts per row are powers of two, so a thread's column
 // is threadIdx.x % G and only its row needs a division):
 //   fill:    GW = next_pow2(chunks per tile row) threads per tile row, one 4-column chunk each
@@ -32,7 +34,8 @@
 //   DW_BLOCK       256  threads per block
 //   DW_QPT         4    consecutive outputs per thread (a multiple of 4: shared loads stay aligned)
 //   DW_FILL        4    float4 loads in flight per thread while filling the tile
-//   DW_MIN_BLOCKS  5    __launch_bounds__ minimum blocks per SM (caps registers at 51)
+//   DW_MIN_BLOCKS  1280/DW_BLOCK (1024/DW_BLOCK on sm_75)  __launch_bounds__ minimum blocks
+//                  per SM: caps registers at 51, so 5 blocks of 256 threads fit an SM
 //
 // Assumes: NCHW fp32, groups = C = K (channel multiplier 1), x and y dense; any R, S, stride,
 // padding, dilation. The host refuses tiles over 48 KB of shared memory or with rows of more
@@ -51,8 +54,12 @@
 #ifndef DW_FILL
 #define DW_FILL 4
 #endif
-#ifndef DW_MIN_BLOCKS
-#define DW_MIN_BLOCKS 5
+#ifndef DW_MIN_BLOCKS  // blocks per SM for __launch_bounds__: 1280 threads, so at most 51 registers
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
+#define DW_MIN_BLOCKS (1024 / DW_BLOCK)  // Turing runs at most 1024 threads per SM
+#else
+#define DW_MIN_BLOCKS (1280 / DW_BLOCK)
+#endif
 #endif
 #if DW_QPT % 4 != 0
 #error "DW_QPT must be a multiple of 4 (a thread's first input column must stay 16-byte aligned)"
@@ -63,7 +70,7 @@ __device__ __forceinline__ int next_pow2(int v) { return v <= 1 ? 1 : 1 << (32 -
 
 // DW_QPT outputs of one row, unrolled for an R x S filter, column stride SW, column dilation 1.
 // trow: tile row of filter row 0 for this output row, at the thread's first input column
-// (16-byte aligned); row_step = dh * TW floats between filter rows; wp: the plane's R*S weights.
+// (16-byte aligned); row_step = dh * pitch floats between filter rows; wp: the plane's R*S weights.
 template <int R, int S, int SW>
 __device__ __forceinline__ void dw_row_unrolled(const float* trow, int row_step, const float* wp,
                                                 float (&acc)[DW_QPT]) {
@@ -107,52 +114,52 @@ __device__ __forceinline__ void dw_row_any(const float* trow, int row_step, cons
 
 // Step 1 of the kernel: copy one 4-column chunk (global columns wc..wc+3) of tile rows
 // row0, row0 + step, ... into the shared tile, zeros outside the image. VEC: one aligned float4
-// load per chunk (needs W % 4 == 0 and a 16-byte-aligned x).
+// load per chunk (needs W % 4 == 0 and a 16-byte-aligned x); otherwise 4 guarded scalar loads.
+// Tile row `row` is row i = row % TH of plane pl = row / TH: input row h0 + i of plane nc0 + pl.
+// A chunk overhangs the tile by at most 3 columns on either side; the spare columns of the row
+// pitch take that overhang, so all 4 values are stored without a test (and never read).
 struct TileRows {
-    const float* x;
+    const float* xc;      // x[nc0][0][wc]: the chunk's column in row 0 of the block's first plane
     float* tile;
-    idx_t nc0;         // first plane of the block
-    int rows, TH, TW;  // tile rows in all (planes * TH), rows and columns per plane
-    int H, W, h0, w0;  // image size; input row and column of tile element (0, 0)
-    int wc;            // this thread's chunk: global columns wc .. wc+3
+    int rows, TH, pitch;  // tile rows in all (planes * TH), rows per plane, floats per tile row
+    int H, W, h0, w0;     // image size; input row and column of tile element (0, 0)
+    int wc;               // this thread's chunk: global columns wc .. wc+3
 };
 
-template <bool VEC>
-__device__ __forceinline__ float4 load_chunk(const TileRows& t, int row) {
-    const int pl = (unsigned)row / (unsigned)t.TH, h = t.h0 + (row - pl * t.TH);  // unsigned: cheaper
-    const bool h_ok = row < t.rows && (unsigned)h < (unsigned)t.H;
-    const float* xrow = t.x + ((t.nc0 + pl) * t.H + (h_ok ? h : 0)) * t.W;
-    if (VEC) {  // W % 4 == 0: the chunk is wholly inside the row or wholly outside
-        const bool ok = h_ok && t.wc >= 0 && t.wc < t.W;
-        return ok ? __ldg(reinterpret_cast<const float4*>(xrow + t.wc)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    float v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = (h_ok && (unsigned)(t.wc + u) < (unsigned)t.W) ? __ldg(xrow + t.wc + u) : 0.0f;
-    return make_float4(v[0], v[1], v[2], v[3]);
-}
-
-__device__ __forceinline__ void store_chunk(const TileRows& t, int row, float4 f) {
-    if (row >= t.rows) return;
-    const float v[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int j = t.wc + u - t.w0;  // tile column
-        if (j >= 0 && j < t.TW) t.tile[row * t.TW + j] = v[u];
-    }
-}
-
-// All DW_FILL loads of a round are issued before the first store, so each thread keeps
-// DW_FILL loads in flight (the latency of DRAM is hidden by many bytes in flight, not by math).
+// All B loads of a round are issued before the first store, so each thread keeps B loads in
+// flight (DRAM latency is hidden by bytes in flight, not by arithmetic).
 template <bool VEC>
 __device__ __forceinline__ void fill_column(const TileRows& t, int row0, int step) {
-    constexpr int B = VEC ? DW_FILL : (DW_FILL + 1) / 2;  // scalar chunks are 4 loads each already
+    constexpr int B = VEC ? DW_FILL : (DW_FILL + 1) / 2;  // a scalar chunk is 4 loads already
+    // Per thread, fixed: which of the chunk's 4 columns lie in the image (with VEC all or none).
+    bool in_img[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) in_img[u] = (unsigned)(t.wc + u) < (unsigned)t.W;
+    float* dst0 = t.tile + 4 + (t.wc - t.w0);  // where element 0 of the chunk goes in tile row 0
     for (int row = row0; row < t.rows; row += B * step) {
         float4 v[B];
 #pragma unroll
-        for (int b = 0; b < B; ++b) v[b] = load_chunk<VEC>(t, row + b * step);
+        for (int b = 0; b < B; ++b) {
+            const int r = row + b * step;
+            const int pl = (unsigned)r / (unsigned)t.TH, h = t.h0 + (r - pl * t.TH);
+            const bool ok = r < t.rows && (unsigned)h < (unsigned)t.H;
+            const float* src = t.xc + (ok ? (idx_t)pl * t.H + h : 0) * t.W;
+            if constexpr (VEC) {
+                v[b] = ok && in_img[0] ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            } else {
+                v[b].x = ok && in_img[0] ? __ldg(src) : 0.0f;
+                v[b].y = ok && in_img[1] ? __ldg(src + 1) : 0.0f;
+                v[b].z = ok && in_img[2] ? __ldg(src + 2) : 0.0f;
+                v[b].w = ok && in_img[3] ? __ldg(src + 3) : 0.0f;
+            }
+        }
 #pragma unroll
-        for (int b = 0; b < B; ++b) store_chunk(t, row + b * step, v[b]);
+        for (int b = 0; b < B; ++b) {
+            const int r = row + b * step;
+            if (r >= t.rows) break;
+            float* dst = dst0 + r * t.pitch;
+            dst[0] = v[b].x, dst[1] = v[b].y, dst[2] = v[b].z, dst[3] = v[b].w;
+        }
     }
 }
 
@@ -166,8 +173,9 @@ conv2d_depthwise(const float* __restrict__ x, const float* __restrict__ w, float
     const int TH = (TP - 1) * sh + (R - 1) * dh + 1;
     const int TW = round_up4((TQ - 1) * sw + (S - 1) * dw + 1);
     const int RSP = round_up4(R * S);
-    float* tile = reinterpret_cast<float*>(dw_smem);  // [PL][TH][TW]
-    float* wsm = tile + PL * TH * TW;                  // [PL][RSP]
+    const int pitch = TW + 8;                          // floats per tile row; column j at 4 + j
+    float* tile = reinterpret_cast<float*>(dw_smem);  // [PL][TH][pitch]
+    float* wsm = tile + PL * TH * pitch;               // [PL][RSP]
 
     // Which tile: plane group, strip of output rows, column tile.
     const int CT = CEIL_DIV(Q, TQ), ST = CEIL_DIV(P, TP);
@@ -191,7 +199,8 @@ conv2d_depthwise(const float* __restrict__ x, const float* __restrict__ w, float
     const int GW = next_pow2(n_ch);  // <= DW_BLOCK (the host keeps n_ch <= DW_BLOCK)
     const int ch = threadIdx.x % GW;
     if (ch < n_ch) {
-        const TileRows rows{x, tile, nc0, npl * TH, TH, TW, H, W, h0, w0, (ch_lo + ch) * 4};
+        const int wc = (ch_lo + ch) * 4;
+        const TileRows rows{x + nc0 * H * W + wc, tile, npl * TH, TH, pitch, H, W, h0, w0, wc};
         if ((W % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0))
             fill_column<true>(rows, threadIdx.x / GW, DW_BLOCK / GW);
         else
@@ -209,17 +218,17 @@ conv2d_depthwise(const float* __restrict__ x, const float* __restrict__ w, float
     for (int orow = threadIdx.x / GS; orow < npl * TP; orow += DW_BLOCK / GS) {
         const int pl = (unsigned)orow / (unsigned)TP, tp = orow - pl * TP, p = p0 + tp;
         if (p >= P) continue;
-        const float* trow = tile + (pl * TH + tp * sh) * TW + sg * DW_QPT * sw;
+        const float* trow = tile + (pl * TH + tp * sh) * pitch + 4 + sg * DW_QPT * sw;
         const float* wp = wsm + pl * RSP;
         float acc[DW_QPT];
 #pragma unroll
         for (int u = 0; u < DW_QPT; ++u) acc[u] = 0.0f;
         if (r3s1)
-            dw_row_unrolled<3, 3, 1>(trow, dh * TW, wp, acc);
+            dw_row_unrolled<3, 3, 1>(trow, dh * pitch, wp, acc);
         else if (r3s2)
-            dw_row_unrolled<3, 3, 2>(trow, dh * TW, wp, acc);
+            dw_row_unrolled<3, 3, 2>(trow, dh * pitch, wp, acc);
         else
-            dw_row_any(trow, dh * TW, wp, R, S, sw, dw, acc);
+            dw_row_any(trow, dh * pitch, wp, R, S, sw, dw, acc);
 
         float* yrow = y + ((nc0 + pl) * P + p) * Q;
         if (vec_out) {  // Q % 4 == 0 and q % 4 == 0: each float4 is inside the row or past it
