@@ -111,10 +111,9 @@ def bench(
     from tqdm.auto import tqdm
 
     from .check import check as run_check
+    from .gpu import device_info
     from .timing import time_gpu
     from .variants import get, prepare
-
-    from .gpu import device_info
 
     smem_limit = device_info().smem_per_block_optin
     vs = [get(v) for v in variants]

@@ -36,10 +36,19 @@ def default_kt(p: Conv2dProblem) -> tuple[int, int]:
     return (8, 1) if p.K >= 8 else (4, 1) if p.K >= 4 else (1, 1)
 
 
-def stage_channels(p: Conv2dProblem, defines: dict) -> int:
-    """Input channels per shared-memory stage, as ``CC_FOR(R)`` in the .cu."""
+def prefetches(p: Conv2dProblem, defines: dict, kt_rule) -> bool:
+    """Whether the entry for ``p`` double-buffers its stages, as ``PF_FOR(R)`` in the .cu."""
+    if kt_rule(p)[1] != 4:
+        return False
+    return bool(defines["PREFETCH"]) if "PREFETCH" in defines else p.R <= 3
+
+
+def stage_channels(p: Conv2dProblem, defines: dict, pf: bool) -> int:
+    """Input channels per shared-memory stage, as ``CC_FOR(R, PF)`` in the .cu."""
     if "C_STAGE" in defines:
         return defines["C_STAGE"]
+    if pf:
+        return 8 if p.R == 1 else 4
     return 32 if p.R == 1 else 8 if p.R == 3 else 4
 
 
@@ -65,9 +74,10 @@ def _entry(p: Conv2dProblem, kt_rule) -> str:
 
 def _launch(p: Conv2dProblem, defines: dict, kt_rule) -> LaunchConfig:
     tp, tk = _tile(p, defines, kt_rule)
-    cc = stage_channels(p, defines)
+    pf = prefetches(p, defines, kt_rule)
+    cc = stage_channels(p, defines, pf)
     grid = (_cdiv(p.Q, TQ), min(_cdiv(p.P, tp), MAX_GRID[1]), min(p.N * _cdiv(p.K, tk), MAX_GRID[2]))
-    smem = 4 * cc * ((tp + p.R - 1) * (TQ + p.S - 1) + p.R * p.S * tk)
+    smem = (2 if pf else 1) * 4 * cc * ((tp + p.R - 1) * (TQ + p.S - 1) + p.R * p.S * tk)
     return LaunchConfig(grid=grid, block=(TQ, defines["BY"], 1), shared_bytes=smem)
 
 
@@ -96,7 +106,8 @@ def make_blocked(
         name: the variant's name.
         defines: overrides of the .cu's -D parameters: ``BY`` (thread rows, default 8), ``PT``
             (rows per thread, 4), ``C_STAGE`` (input channels per stage), ``MINB`` (blocks per
-            SM for __launch_bounds__), ``LOAD_UNROLL`` (unrolling of the tile loads).
+            SM for __launch_bounds__), ``LOAD_UNROLL`` (unrolling of the tile loads),
+            ``PREFETCH`` (0/1: double-buffered stages in the K >= 32 entries of 1x1 and 3x3).
         kt_rule: problem -> (KT, KG), which must be one of the instantiated pairs
             (1, 1), (4, 1), (8, 1), (8, 4).
     """

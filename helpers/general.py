@@ -154,7 +154,7 @@ def dw_config(p: Conv2dProblem) -> tuple[int, int, int]:
     else:
         tp = _cdiv(p.P, _cdiv(p.P, rows_target))
         pl = 1
-    while (smem := dw_geometry(p, pl, tp, nseg)["smem"]) > DW_SMEM_TARGET:
+    while dw_geometry(p, pl, tp, nseg)["smem"] > DW_SMEM_TARGET:
         if pl > 1:
             pl = max(1, DW_SMEM_TARGET // dw_geometry(p, 1, tp, nseg)["smem"])
         elif tp > 1:
@@ -163,8 +163,7 @@ def dw_config(p: Conv2dProblem) -> tuple[int, int, int]:
         elif nseg > 1:
             nseg = _cdiv(nseg, 2)
         else:
-            break
-        del smem
+            break  # the smallest tile; `depthwise_supports` refuses it past DW_SMEM_MAX
     return pl, tp, nseg
 
 
