@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    from helpers import bench as B
     from helpers import plots, suites, variants
+    from helpers.bench import bench, cudnn_fp32_ieee, geomean_x_cudnn
 
     try:
         vs = [variants.get(v) for v in args.variants] if args.variants else variants.all_variants()
@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout)
     if args.skip_big:
         probs = [p for p in probs if not suites.is_big(p)]
-    df = B.bench(vs, probs, check=not args.no_check, progress=not args.no_progress)
+    df = bench(vs, probs, check=not args.no_check, progress=not args.no_progress)
 
     meta = gpu.versions()
-    with B.cudnn_fp32_ieee() as prec:
+    with cudnn_fp32_ieee() as prec:
         meta = {**meta, "cudnn_fp32_precision": prec, "suite": args.suite,
                 "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
     for k, v in meta.items():
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     pd.set_option("display.width", 200)
     shown = df[["problem", "variant", "ms_p50", "x_cudnn", "tflops", "status"]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    gm = B.geomean_x_cudnn(df)
+    gm = geomean_x_cudnn(df)
     print("\ngeomean x cuDNN:", ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
     print(f"wrote {out / stem}.csv and .png  ({meta['gpu']}, driver {meta['driver']}, CUDA {meta['cuda']}, "
           f"torch {meta['torch']}, cuDNN {meta['cudnn']})")  # fmt: skip
