@@ -253,7 +253,8 @@ def test_interpreter_exits_cleanly():
         print("ran", v.name)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pp = os.environ.get("PYTHONPATH")  # keep where pycuda was installed, put the repo first
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + pp if pp else "")}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "ran " in r.stdout
