@@ -35,7 +35,8 @@
 //   DW_QPT         4    consecutive outputs per thread (a multiple of 4: shared loads stay aligned)
 //   DW_FILL        4    float4 loads in flight per thread while filling the tile
 //   DW_MIN_BLOCKS  1280/DW_BLOCK (1024/DW_BLOCK on sm_75)  __launch_bounds__ minimum blocks
-//                  per SM: caps registers at 51, so 5 blocks of 256 threads fit an SM
+//                  per SM: 5 blocks of 256 threads need at most 48 registers per thread
+//                  (registers are allocated per warp in chunks of 256; ptxas gives 48)
 //
 // Assumes: NCHW fp32, groups = C = K (channel multiplier 1), x and y dense; any R, S, stride,
 // padding, dilation. The host refuses tiles over 48 KB of shared memory or with rows of more
@@ -54,7 +55,7 @@
 #ifndef DW_FILL
 #define DW_FILL 4
 #endif
-#ifndef DW_MIN_BLOCKS  // blocks per SM for __launch_bounds__: 1280 threads, so at most 51 registers
+#ifndef DW_MIN_BLOCKS  // blocks per SM for __launch_bounds__: 1280 threads, at most 48 registers
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
 #define DW_MIN_BLOCKS (1024 / DW_BLOCK)  // Turing runs at most 1024 threads per SM
 #else
