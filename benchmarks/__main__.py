@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    from helpers import plots, suites, variants
+    from helpers import suites, variants
     from helpers.bench import bench, cudnn_fp32_ieee, geomean_x_cudnn
 
     try:
@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / f"{stem}.csv", index=False)
-    fig = plots.plot_bench(df, f"{args.suite} on {meta['gpu']} (cuDNN fp32 precision: {prec})")
-    fig.savefig(out / f"{stem}.png", dpi=110)
+    from benchmarks.plot import redraw
+
+    redraw(out / f"{stem}.csv")
 
     pd.set_option("display.width", 200)
     shown = df[["problem", "variant", "ms_p50", "x_cudnn", "tflops", "status"]]

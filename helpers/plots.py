@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 
 def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
@@ -21,8 +22,12 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     variants = list(dict.fromkeys(d.variant))
     h = max(3.0, 0.32 * len(order) * max(1, len(variants)) / 2 + 1)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, h), sharey=True)
-    # One colour per variant in both panels (the right one has no cuDNN bar).
-    palette = dict(zip(variants, sns.color_palette(n_colors=len(variants))))
+    # One distinct colour per variant in both panels (the right one has no cuDNN bar); cuDNN grey.
+    others = [v for v in variants if v != "cudnn"]
+    tab20 = sns.color_palette("tab20", 20)  # dark shades first, then light ones; greys (14, 15) skipped
+    colours = [tab20[i] for i in (0, 2, 4, 6, 8, 10, 12, 16, 18, 1, 3, 5, 7, 9, 11, 13, 17, 19)]
+    colours = (colours * (len(others) // len(colours) + 1))[: len(others)]
+    palette = {"cudnn": (0.45, 0.45, 0.45), **dict(zip(others, colours))}
     sns.barplot(d, y="problem", x="ms_p50", hue="variant", order=order, hue_order=variants, palette=palette,
                 ax=a1, errorbar=None)  # fmt: skip
     # p20..p80 whiskers: the bar containers are in hue order, one bar per problem each.
@@ -40,8 +45,16 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     a2.axvline(1.0, color="k", ls="--", lw=1)
     a2.set_xscale("log")
     a2.set_xlabel("speed vs cuDNN (× cuDNN, log scale; > 1 is faster)")
+    for ax in (a1, a2):  # plain numbers on the log axes, no crowded minor labels
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if a2.legend_:
         a2.legend_.remove()
+    if a1.legend_:  # one legend, outside the bars
+        a1.legend_.remove()
+    handles, labels = a1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.98), title="variant", frameon=False)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

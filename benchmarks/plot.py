@@ -1,0 +1,46 @@
+"""python -m benchmarks.plot CSV [CSV ...]: redraw a results PNG from its committed CSV.
+
+The PNG is only a rendering of the CSV's numbers (measured by ``python -m benchmarks`` on the
+GPU named in it), so it can be redrawn anywhere, without a GPU, after a change to the plot.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def redraw(csv: Path) -> Path:
+    """Write ``csv`` with a ``.png`` suffix from `helpers.plots.plot_bench`; return its path.
+
+    Raises:
+        FileNotFoundError: no such CSV.
+        KeyError: the CSV lacks the columns ``python -m benchmarks`` writes.
+    """
+    import pandas as pd
+
+    from helpers.plots import plot_bench
+
+    df = pd.read_csv(csv)
+    prec = df["cudnn_fp32_precision"].iloc[0] if "cudnn_fp32_precision" in df else "?"
+    fig = plot_bench(df, f"{df['suite'].iloc[0]} on {df['gpu'].iloc[0]} (cuDNN fp32 precision: {prec})")
+    out = csv.with_suffix(".png")
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not paths:
+        print("usage: python -m benchmarks.plot CSV [CSV ...]", file=sys.stderr)
+        return 2
+    for p in paths:
+        print("wrote", redraw(p))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
