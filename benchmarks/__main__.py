@@ -37,7 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from helpers import gpu
+    from helpers import gpu, variants
+
+    try:  # bad arguments are reported as such, GPU or not
+        vs = [variants.get(v) for v in args.variants] if args.variants else variants.all_variants()
+    except KeyError as e:
+        print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
+        return 2
 
     if not gpu.has_gpu():
         print(
@@ -54,14 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    from helpers import suites, variants
+    from helpers import suites
     from helpers.bench import bench, cudnn_fp32_ieee, geomean_x_cudnn
 
-    try:
-        vs = [variants.get(v) for v in args.variants] if args.variants else variants.all_variants()
-    except KeyError as e:
-        print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
-        return 2
     probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout)
     if args.skip_big:
         probs = [p for p in probs if not suites.is_big(p)]

@@ -38,7 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m benchmarks.plot CSV [CSV ...]", file=sys.stderr)
         return 2
     for p in paths:
-        print("wrote", redraw(p))
+        try:
+            print("wrote", redraw(p))
+        except FileNotFoundError:
+            print(f"python -m benchmarks.plot: no such file: {p}", file=sys.stderr)
+            return 2
+        except KeyError as e:
+            print(f"python -m benchmarks.plot: {p} lacks the column {e} that python -m benchmarks writes",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     return 0
 
 

@@ -131,8 +131,13 @@ def compare(
 
     Returns a dict with ``max_abs_err``, ``worst_err_over_bound``, ``rel_l2``, ``nonfinite`` and
     ``exact_equal`` (bitwise equal to the reference rounded to y's dtype).
+
+    Raises:
+        ValueError: ``y`` does not have the problem's output shape (it would broadcast).
     """
     p = problem
+    if tuple(y.shape) != p.y_shape:
+        raise ValueError(f"y must have shape {p.y_shape} ({p.layout}); got {tuple(y.shape)}")
     u_acc = UNIT_ROUNDOFF[accum]
     n = p.gemm.k
     gamma = n * u_acc / (1 - n * u_acc)

@@ -15,19 +15,32 @@ stores x as (N, C, H, W), w as (K, C/g, R, S), y as (N, K, P, Q); "NHWC" stores 
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 LAYOUTS = ("NCHW", "NHWC")
 
 
+def _int(v, what: str) -> int:
+    """``v`` as a Python int: ints and numpy integers pass; bools, floats, strings and the rest raise."""
+    if isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"{what} must be an int; got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ValueError(f"{what} must be an int; got {v!r}") from None
+
+
 def _pair(v: int | tuple[int, int], what: str) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    t = tuple(int(a) for a in v)
+    if isinstance(v, str) or not isinstance(v, Iterable) or getattr(v, "ndim", None) == 0:
+        return (_int(v, what), _int(v, what))
+    t = tuple(_int(a, what) for a in v)
     if len(t) != 2:
         raise ValueError(f"{what} must be an int or a pair (h, w); got {v!r}")
     return t  # type: ignore[return-value]
@@ -57,7 +70,8 @@ class Conv2dProblem:
         name: a short label for tables; a generated one if empty.
 
     Raises:
-        ValueError: a non-positive size, channels not divisible by groups, an unknown dtype
+        ValueError: a non-positive or non-integer size (bools, floats and strings are refused;
+            numpy integers become ints), channels not divisible by groups, an unknown dtype
             or layout, or a (dilated) filter larger than the padded image (P or Q < 1).
     """
 
@@ -80,9 +94,16 @@ class Conv2dProblem:
         set_ = object.__setattr__
         for f in ("N", "C", "H", "W", "K", "R", "S", "groups"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            try:
+                iv = _int(v, f)
+            except ValueError:
+                iv = 0
+            if iv < 1:
                 raise ValueError(f"{f} must be a positive int; got {v!r}")
-        if self.padding == "same":
+            set_(self, f, iv)  # numpy integers become Python ints
+        if isinstance(self.padding, str) and self.padding != "same":
+            raise ValueError(f"padding must be an int, a pair (h, w) or 'same'; got {self.padding!r}")
+        if isinstance(self.padding, str):
             if _pair(self.stride, "stride") != (1, 1):
                 raise ValueError("padding='same' needs stride 1")
             dh, dw = _pair(self.dilation, "dilation")

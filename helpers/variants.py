@@ -30,6 +30,7 @@ from .problem import Conv2dProblem
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
 DEFAULT_SMEM_LIMIT = 48 * 1024  # without opt-in; `run` asks the device for its opt-in limit
+INT32_MAX = 2**31 - 1  # the kernels take sizes, strides, padding and dilation as np.int32
 
 
 class UnsupportedProblem(ValueError):
@@ -80,6 +81,12 @@ class Variant:
             return f"{self.name} takes dtype {'/'.join(self.dtypes)}; got {problem.dtype}"
         if problem.layout not in self.layouts:
             return f"{self.name} takes layout {'/'.join(self.layouts)}; got {problem.layout}"
+        p = problem
+        for nm, val in (("N", p.N), ("C", p.C), ("H", p.H), ("W", p.W), ("K", p.K), ("R", p.R), ("S", p.S),
+                        ("P", p.P), ("Q", p.Q), ("stride", max(p.stride)), ("padding", max(p.padding)),
+                        ("dilation", max(p.dilation)), ("groups", p.groups)):  # fmt: skip
+            if val > INT32_MAX:
+                return f"{self.name}: {nm} = {val} does not fit the kernels' int32 arguments (at most {INT32_MAX})"
         reason = self.supports_fn(problem)
         if reason:
             return f"{self.name}: {reason}"
@@ -153,14 +160,16 @@ def all_variants(max_day: int | None = None) -> list[Variant]:
 # ---- validation and launch -------------------------------------------------------------------
 
 
-def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor) -> None:
-    """Raise a clear error if ``x``/``w`` do not match ``problem`` or cannot be passed to a kernel.
+def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    """Raise a clear error if ``x``/``w`` (and ``y``, if given) do not match ``problem`` or cannot
+    be passed to a kernel.
 
-    Checked in this order: type, dtype, shape, contiguity, device (CUDA, the same one).
+    Checked in this order: type, dtype, shape, contiguity of x and w; the same for y (one
+    ValueError); device (CUDA, the same one for all).
 
     Raises:
-        TypeError: not a tensor, or the wrong dtype.
-        ValueError: wrong shape, not contiguous, or not on a CUDA device.
+        TypeError: x or w is not a tensor, or has the wrong dtype.
+        ValueError: wrong shape, not contiguous, not on a CUDA device (or not on x's); a bad ``y``.
     """
     for nm, t, shape in (("x", x, problem.x_shape), ("w", w, problem.w_shape)):
         if not isinstance(t, torch.Tensor):
@@ -174,11 +183,21 @@ def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor) -> N
                 f"{nm} is not contiguous (strides {t.stride()}); kernels read dense {problem.layout} "
                 f"memory: pass {nm}.contiguous()"
             )
-    for nm, t in (("x", x), ("w", w)):
+    if y is not None and not (
+        isinstance(y, torch.Tensor)
+        and y.dtype == problem.torch_dtype
+        and tuple(y.shape) == problem.y_shape
+        and y.is_contiguous()
+    ):
+        got = f"{y.dtype} {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"y must be a contiguous {problem.torch_dtype} tensor of shape {problem.y_shape}; got {got}")
+    named = (("x", x), ("w", w)) + ((("y", y),) if y is not None else ())
+    for nm, t in named:
         if t.device.type != "cuda":
             raise ValueError(f"{nm} is on {t.device}; kernels need CUDA tensors: pass {nm}.cuda()")
-    if x.device != w.device:
-        raise ValueError(f"x is on {x.device} but w is on {w.device}")
+    for nm, t in named[1:]:
+        if t.device != x.device:
+            raise ValueError(f"x is on {x.device} but {nm} is on {t.device}")
 
 
 def prepare(
@@ -186,8 +205,9 @@ def prepare(
 ) -> tuple[Callable[[], None], torch.Tensor]:
     """Validate, compile and return ``(launch, y)``: a closure that launches once, and the output.
 
-    Everything that can be wrong is checked here, before any launch: tensors (`check_tensors`),
-    the problem (`Variant.supports`, with the device's shared-memory limit), the current stream.
+    Everything that can be wrong is checked here, before any launch: tensors, ``y`` included
+    (`check_tensors`), the problem (`Variant.supports`, with the device's shared-memory limit),
+    the current stream. Bad tensors and unsupported shapes are refused before any GPU call.
 
     Raises:
         TypeError, ValueError: see `check_tensors`.
@@ -199,7 +219,7 @@ def prepare(
     reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
     if reason:
         raise UnsupportedProblem(reason)
-    check_tensors(problem, x, w)
+    check_tensors(problem, x, w, y)
     from . import gpu
     from .compile import load_kernel
 
@@ -211,8 +231,6 @@ def prepare(
         raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
     if y is None:
         y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
-    elif tuple(y.shape) != problem.y_shape or y.dtype != problem.torch_dtype or not y.is_contiguous():
-        raise ValueError(f"y must be a contiguous {problem.torch_dtype} tensor of shape {problem.y_shape}")
     cfg = v.launch(problem)
     k = load_kernel(v.cu_file, v.entry_for(problem), v.defines, dynamic_smem=cfg.shared_bytes)
     if cfg.threads_per_block > k.max_threads_per_block:

@@ -191,3 +191,13 @@ def test_band_inside_the_padding():
         band = reference_band(p, x4, w4, 0, 1, p0, p1)
         torch.testing.assert_close(band, torch_reference(p, x, w)[:, :, p0:p1], rtol=1e-12, atol=1e-12)
     assert float(reference_band(p, x4, w4, 0, 1, 0, 3).abs().max()) == 0
+
+
+def test_compare_refuses_a_y_of_the_wrong_shape():
+    """A y with one channel used to broadcast against all K channels of the reference and pass."""
+    p = Conv2dProblem(N=1, C=2, H=6, W=5, K=2, R=3, S=3, padding=1)
+    x, w = p.make_inputs(kind="int")
+    w[1] = w[0]  # both output channels equal, so a single-channel y matches every channel
+    y1 = F.conv2d(x.double(), w.double(), **p.torch_kwargs())[:, :1].float()
+    with pytest.raises(ValueError, match="y must have shape"):
+        compare(p, x, w, y1, exact=True)

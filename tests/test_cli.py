@@ -50,3 +50,33 @@ def test_no_gpu_exits_2_with_a_plain_message():
     assert "Traceback" not in r.stderr
     assert r.stdout == ""
     assert not list((ROOT / "benchmarks" / "results").glob("none/*"))  # nothing written for "no GPU"
+
+
+def test_unknown_variant_exits_2_with_a_plain_message():
+    """Reported as a bad argument on any machine (it used to be hidden behind the no-GPU message)."""
+    r = bench_cli("--variants", "naive", "no_such_variant")
+    assert r.returncode == 2
+    assert "no variant 'no_such_variant'" in r.stderr and "known: " in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def plot_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.plot", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_plot_without_arguments_prints_usage():
+    r = plot_cli()
+    assert r.returncode == 2 and "usage: python -m benchmarks.plot" in r.stderr
+
+
+def test_plot_missing_or_foreign_csv_exits_2_with_a_plain_message(tmp_path: Path):
+    r = plot_cli(str(tmp_path / "missing.csv"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("a,b\n1,2\n")
+    r = plot_cli(str(foreign))
+    assert r.returncode == 2 and "lacks the column" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "foreign.png").exists()

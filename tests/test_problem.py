@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -208,3 +210,29 @@ def test_label_and_as_dict():
     d = p.as_dict()
     assert (d["P"], d["Q"], d["stride_h"], d["pad_w"], d["dil_h"], d["groups"]) == (p.P, p.Q, 2, 2, 2, 2)
     assert d["gflop"] == pytest.approx(p.flops / 1e9)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(stride=True), "stride must be an int; got True"),
+        (dict(padding=(True, 1)), "padding must be an int; got True"),
+        (dict(padding=(1.5, 1)), "padding must be an int; got 1.5"),
+        (dict(stride="12"), "stride must be an int; got '12'"),
+        (dict(padding="valid"), "padding must be an int, a pair"),
+        (dict(dilation=None), "dilation must be an int; got None"),
+    ],
+)
+def test_odd_pair_values_raise_instead_of_being_coerced(change: dict, match: str):
+    # bools, floats and strings were silently coerced: stride="12" became (1, 2), (1.5, 1) became (1, 1)
+    args = dict(N=1, C=4, H=8, W=8, K=4, R=3, S=3, padding=1)
+    args.update(change)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        Conv2dProblem(**args)
+
+
+def test_numpy_integers_are_accepted_as_ints():
+    p = Conv2dProblem(N=np.int64(2), C=np.int32(4), H=8, W=8, K=4, R=3, S=3, stride=np.int64(2),
+                      padding=np.array([1, 1]), dilation=(np.int64(1), 1))  # fmt: skip
+    assert p == Conv2dProblem(N=2, C=4, H=8, W=8, K=4, R=3, S=3, stride=2, padding=1)
+    assert type(p.N) is int and all(type(v) is int for v in p.stride + p.padding + p.dilation)

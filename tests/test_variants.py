@@ -223,3 +223,23 @@ def test_no_gpu_fixture_blocks_pycuda(no_gpu):
         import pycuda.driver  # noqa: F401
     with pytest.raises(AssertionError, match="touched"):
         gpu.device_info()
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_sizes_past_int32_are_refused(v):
+    """The kernels take sizes as np.int32: a larger one must be refused, not wrapped or overflowed at launch."""
+    p = Conv2dProblem(N=1, C=1, H=2**31, W=1, K=1, R=1, S=1)
+    reason = v.supports(p, smem_limit=2**31)
+    assert reason is not None and "int32" in reason and str(2**31) in reason, reason
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_bad_y_refused_before_gpu(v, no_gpu):
+    p = supported_square(v)
+    x, w = p.make_inputs()
+    for y in (torch.empty(1), torch.empty(p.y_shape, dtype=torch.float64), torch.empty(p.y_shape + (2,))[..., 0],
+              np.zeros(p.y_shape, dtype=np.float32)):  # fmt: skip
+        with pytest.raises(ValueError, match="y must be"):
+            prepare(v, p, x, w, y)
+        with pytest.raises(ValueError, match="y must be"):
+            run(v, p, x, w, y)
