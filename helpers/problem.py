@@ -62,8 +62,10 @@ class Conv2dProblem:
         N, C, H, W: batch, input channels, input rows, input columns.
         K, R, S: output channels, filter rows, filter columns.
         stride, padding, dilation: an int or a pair (h, w), as in ``torch.nn.functional.conv2d``.
-            ``padding="same"`` means stride 1 and padding (dil_h·(R−1)//2, dil_w·(S−1)//2),
-            which keeps P = H and Q = W for odd filters (torch's "same" for odd filters).
+            ``padding="same"`` means stride 1 and padding (dil_h·(R−1)/2, dil_w·(S−1)/2),
+            which keeps P = H and Q = W, as torch's "same" does; refused where that padding is
+            not a whole number (an even filter without even dilation), since torch then pads
+            unevenly.
         groups: C and K must both be divisible by it (C = K = groups is depthwise).
         dtype: "fp32", "fp16", "bf16" or "fp64" (inputs and output).
         layout: "NCHW" or "NHWC" (see the module docstring).
@@ -107,7 +109,14 @@ class Conv2dProblem:
             if _pair(self.stride, "stride") != (1, 1):
                 raise ValueError("padding='same' needs stride 1")
             dh, dw = _pair(self.dilation, "dilation")
-            set_(self, "padding", (dh * (self.R - 1) // 2, dw * (self.S - 1) // 2))
+            span_h, span_w = dh * (self.R - 1), dw * (self.S - 1)
+            if span_h % 2 or span_w % 2:
+                raise ValueError(
+                    f"padding='same' with a {self.R}x{self.S} filter (dilation {(dh, dw)}) needs uneven padding "
+                    "(torch pads one more row/column after the image), which a (pad_h, pad_w) pair cannot "
+                    "express: give padding explicitly"
+                )
+            set_(self, "padding", (span_h // 2, span_w // 2))
         set_(self, "stride", _pair(self.stride, "stride"))
         set_(self, "padding", _pair(self.padding, "padding"))  # type: ignore[arg-type]
         set_(self, "dilation", _pair(self.dilation, "dilation"))

@@ -77,9 +77,12 @@ def test_same_padding():
     p = Conv2dProblem(N=1, C=2, H=9, W=7, K=3, R=3, S=3, padding="same", dilation=(2, 3))
     assert p.padding == (2, 3) and (p.P, p.Q) == (9, 7)
     assert not p.is_same  # is_same means dilation 1 (what days 01-02 take)
-    # even filters: symmetric (R-1)//2 padding, so one row/column shorter than torch's asymmetric "same"
-    p = Conv2dProblem(N=1, C=2, H=9, W=7, K=3, R=4, S=2, padding="same")
-    assert p.padding == (1, 0) and (p.P, p.Q) == (8, 6) and not p.is_same
+    # even filters: torch pads "same" unevenly, which a (pad_h, pad_w) pair cannot say: refused
+    with pytest.raises(ValueError, match="uneven padding"):
+        Conv2dProblem(N=1, C=2, H=9, W=7, K=3, R=4, S=2, padding="same")
+    # ... unless the dilation makes the span even
+    p = Conv2dProblem(N=1, C=2, H=9, W=7, K=3, R=4, S=3, padding="same", dilation=(2, 1))
+    assert p.padding == (3, 1) and (p.P, p.Q) == (9, 7)
 
 
 def test_costs_on_a_hand_computed_example():
