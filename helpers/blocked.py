@@ -1,9 +1,11 @@
 """Registry entry for day 06: the register-blocked direct kernel (``kernels/conv2d/06_blocked.cu``).
 
-One ``.cu`` file, twenty entry points: the filter size R = S, the output channels per thread KT
-and the thread groups along K (KG) are template parameters, so the variant's ``entry_fn`` picks
-the instantiation for each problem. `make_blocked` builds the variant for any compile-time
-configuration (the registered one uses the defaults), so a notebook can compare settings.
+One ``.cu`` file, twenty-one entry points: the filter size R = S, the output channels per thread
+KT and the thread groups along K (KG) are template parameters, so the variant's ``entry_fn`` picks
+the instantiation for each problem. 1x1 filters with K >= 32 go to a GEMM tile instead (BM output
+channels x 128 pixels per block, BM in {64, 128}). `make_blocked` builds the variant for any
+compile-time configuration (the registered one uses the defaults), so a notebook can compare
+settings.
 """
 
 from __future__ import annotations
@@ -52,12 +54,31 @@ def stage_channels(p: Conv2dProblem, defines: dict, pf: bool) -> int:
     return 32 if p.R == 1 else 8 if p.R == 3 else 4
 
 
+GEMM_BN, GEMM_THREADS = 128, 256  # pixels per block and threads of the 1x1 GEMM tile (G_BN, G_THREADS)
+
+
+def uses_gemm_tile(p: Conv2dProblem) -> bool:
+    """1x1 filters with K >= 32 run ``conv2d_blocked_1x1_m{BM}``: Y[n] = W . X[n] as a GEMM tile."""
+    return p.R == 1 and p.K >= 32
+
+
+def default_gemm_bm(p: Conv2dProblem) -> int:
+    """Output channels per block of the 1x1 GEMM tile: 128 (8 x 8 outputs per thread, one block
+    per SM) when K >= 128, else 64 (4 x 8, two blocks per SM). On the H200, BM = 128 was as fast
+    or faster on every 1x1 problem with K >= 128 that was timed (seed suite and ResNet-50-like
+    shapes), and slower on K = 32 and 64.
+    """
+    return 128 if p.K >= 128 else 64
+
+
 def blocked_supports(p: Conv2dProblem) -> str | None:
     reason = same_fp32_nchw(p)
     if reason:
         return reason
     if p.R != p.S or p.R not in BLOCKED_FILTERS:
         return f"needs a square filter with R = S in {BLOCKED_FILTERS}; got {p.R}x{p.S} (use `general`)"
+    if uses_gemm_tile(p) and p.K * p.C > 2**31 - 1:
+        return f"the 1x1 GEMM tile indexes the filter with 32-bit offsets; K*C = {p.K * p.C} is too large"
     return None
 
 
@@ -67,12 +88,18 @@ def _tile(p: Conv2dProblem, defines: dict, kt_rule) -> tuple[int, int]:
     return (defines["BY"] // kg) * defines["PT"], kg * kt
 
 
-def _entry(p: Conv2dProblem, kt_rule) -> str:
+def _entry(p: Conv2dProblem, kt_rule, bm_rule) -> str:
+    if uses_gemm_tile(p):
+        return f"conv2d_blocked_1x1_m{bm_rule(p)}"
     kt, kg = kt_rule(p)
     return f"conv2d_blocked_r{p.R}_k{kt}_g{kg}"
 
 
-def _launch(p: Conv2dProblem, defines: dict, kt_rule) -> LaunchConfig:
+def _launch(p: Conv2dProblem, defines: dict, kt_rule, bm_rule) -> LaunchConfig:
+    if uses_gemm_tile(p):  # static shared memory only
+        return LaunchConfig(
+            grid=(_cdiv(p.H * p.W, GEMM_BN), _cdiv(p.K, bm_rule(p)), min(p.N, MAX_GRID[2])), block=(GEMM_THREADS, 1, 1)
+        )
     tp, tk = _tile(p, defines, kt_rule)
     pf = prefetches(p, defines, kt_rule)
     cc = stage_channels(p, defines, pf)
@@ -81,7 +108,19 @@ def _launch(p: Conv2dProblem, defines: dict, kt_rule) -> LaunchConfig:
     return LaunchConfig(grid=grid, block=(TQ, defines["BY"], 1), shared_bytes=smem)
 
 
-def _covers(p: Conv2dProblem, cfg: LaunchConfig, defines: dict, kt_rule) -> np.ndarray:
+def _covers(p: Conv2dProblem, cfg: LaunchConfig, defines: dict, kt_rule, bm_rule) -> np.ndarray:
+    if uses_gemm_tile(p):
+        # blockIdx.x covers pixels x*128 .. +127, blockIdx.y channels y*BM .. +BM-1 (stores
+        # guarded by < HW and < K), blockIdx.z the images n = z, z + gridDim.z, ...
+        bm = bm_rule(p)
+        pix = np.zeros(p.H * p.W, dtype=np.int64)
+        for bx in range(cfg.grid[0]):
+            pix[bx * GEMM_BN : (bx + 1) * GEMM_BN] += 1
+        chans = np.zeros(p.K, dtype=np.int64)
+        for by in range(cfg.grid[1]):
+            chans[by * bm : (by + 1) * bm] += 1
+        imgs = _grid_stride(p.N, 1, cfg.grid[2])
+        return (imgs.reshape(-1, 1, 1) * chans.reshape(1, -1, 1) * pix.reshape(1, 1, -1)).ravel()
     tp, tk = _tile(p, defines, kt_rule)
     cols = np.zeros(p.Q, dtype=np.int64)
     for q in range(cfg.grid[0] * TQ):  # thread column q stores if q < Q
@@ -99,6 +138,7 @@ def make_blocked(
     name: str = "blocked",
     defines: dict | None = None,
     kt_rule: Callable[[Conv2dProblem], tuple[int, int]] = default_kt,
+    bm_rule: Callable[[Conv2dProblem], int] = default_gemm_bm,
 ) -> Variant:
     """The day-06 variant for one compile-time configuration (not registered).
 
@@ -109,7 +149,8 @@ def make_blocked(
             SM for __launch_bounds__), ``LOAD_UNROLL`` (unrolling of the tile loads),
             ``PREFETCH`` (0/1: double-buffered stages in the K >= 32 entries of 1x1 and 3x3).
         kt_rule: problem -> (KT, KG), which must be one of the instantiated pairs
-            (1, 1), (4, 1), (8, 1), (8, 4).
+            (1, 1), (4, 1), (8, 1), (8, 4) ((8, 4) has no 1x1 entry: K >= 32 takes the GEMM tile).
+        bm_rule: problem -> BM, the output channels per block of the 1x1 GEMM tile (64 or 128).
     """
     d = {**BLOCKED_DEFINES, **(defines or {})}
     return Variant(
@@ -117,12 +158,12 @@ def make_blocked(
         day=6,
         cu_file="06_blocked.cu",
         entry="conv2d_blocked_r3_k8_g4",
-        entry_fn=partial(_entry, kt_rule=kt_rule),
-        summary="register blocking: each thread computes 4 rows x 8 channels from shared-memory tiles",
+        entry_fn=partial(_entry, kt_rule=kt_rule, bm_rule=bm_rule),
+        summary="register blocking: 4 rows x 8 channels per thread from shared-memory tiles; 1x1: a GEMM tile",
         supports_fn=blocked_supports,
-        launch_fn=partial(_launch, defines=d, kt_rule=kt_rule),
+        launch_fn=partial(_launch, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
         args_fn=lambda p: nchw_args(p)[:5],  # N, C, H, W, K: R and S are compiled in
-        covers_fn=partial(_covers, defines=d, kt_rule=kt_rule),
+        covers_fn=partial(_covers, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
         defines=d,
     )
 

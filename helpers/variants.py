@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -74,6 +74,11 @@ class Variant:
     entry_fn: Callable[[Conv2dProblem], str] | None = None
     dtypes: tuple[str, ...] = ("fp32",)
     layouts: tuple[str, ...] = ("NCHW",)
+    # Extra requirements on the tensors themselves (e.g. 16-byte aligned pointers for vector
+    # loads): (problem, x, w, y or None) -> None, or the reason they cannot be passed. Checked
+    # in `prepare` right after `check_tensors`, before any GPU call (y is None when `prepare`
+    # allocates it; torch's allocations are 256-byte aligned).
+    tensor_check_fn: Callable[[Conv2dProblem, torch.Tensor, torch.Tensor, torch.Tensor], str | None] | None = None
 
     def supports(self, problem: Conv2dProblem, smem_limit: int = DEFAULT_SMEM_LIMIT) -> str | None:
         """``None`` if this variant handles ``problem``, else the reason it does not."""
@@ -103,6 +108,13 @@ class Variant:
     def launch(self, problem: Conv2dProblem) -> LaunchConfig:
         return self.launch_fn(problem)
 
+    def in_layout(self, problem: Conv2dProblem) -> Conv2dProblem:
+        """``problem`` itself if this variant takes its layout, else the same problem in the
+        variant's first layout (e.g. an NCHW suite problem as NHWC for an NHWC kernel)."""
+        if problem.layout in self.layouts:
+            return problem
+        return replace(problem, layout=self.layouts[0], name="")
+
     def entry_for(self, problem: Conv2dProblem) -> str:
         """The kernel function this variant launches for ``problem``."""
         return self.entry_fn(problem) if self.entry_fn else self.entry
@@ -127,7 +139,7 @@ def _load_all() -> None:
     """Import the modules whose import registers variants (days in curriculum order)."""
     import importlib
 
-    for mod in ("direct", "tiled", "blocked", "general"):
+    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:
@@ -210,7 +222,8 @@ def prepare(
     the current stream. Bad tensors and unsupported shapes are refused before any GPU call.
 
     Raises:
-        TypeError, ValueError: see `check_tensors`.
+        TypeError, ValueError: see `check_tensors`; ValueError also for tensors the variant's
+            ``tensor_check_fn`` refuses (e.g. a misaligned pointer).
         UnsupportedProblem: the variant does not handle ``problem``.
         RuntimeError: torch's current stream is not the default stream.
         NoGPUError: no GPU or no pycuda.
@@ -220,6 +233,10 @@ def prepare(
     if reason:
         raise UnsupportedProblem(reason)
     check_tensors(problem, x, w, y)
+    if v.tensor_check_fn is not None:
+        reason = v.tensor_check_fn(problem, x, w, y)
+        if reason:
+            raise ValueError(f"{v.name}: {reason}")
     from . import gpu
     from .compile import load_kernel
 

@@ -40,7 +40,8 @@
 // (blocks per SM asked of __launch_bounds__; default 2 up to 3x3, 1 above and when
 // prefetching, which keeps every architecture free of spills). R = S, KT, KG, CC and PF are
 // template parameters; the entry points below instantiate R = S in {1, 3, 5, 7, 9} with
-// (KT, KG) in {(1,1), (4,1), (8,1), (8,4)}.
+// (KT, KG) in {(1,1), (4,1), (8,1), (8,4)}, except 1x1 with (8,4): 1x1 filters with K >= 32 run
+// the GEMM tile at the end of this file (conv2d_blocked_1x1_m64 / _m128) instead.
 //
 // Assumes: NCHW fp32, stride 1, dilation 1, groups 1, square odd filter, "same" padding
 // (P = H, Q = W). Threads past the image edge still load and reach every barrier; only their
@@ -270,8 +271,164 @@ __device__ __forceinline__ void conv2d_blocked(const float* __restrict__ x,
 #define BLOCKED_ENTRIES(R) \
     BLOCKED_ENTRY(R, 1, 1, 0) BLOCKED_ENTRY(R, 4, 1, 0) BLOCKED_ENTRY(R, 8, 1, 0) BLOCKED_ENTRY(R, 8, 4, PF_FOR(R))
 
-BLOCKED_ENTRIES(1)
+// 1x1 filters with K < 32 use the tiles above; K >= 32 goes to the GEMM tile below.
+BLOCKED_ENTRY(1, 1, 1, 0)
+BLOCKED_ENTRY(1, 4, 1, 0)
+BLOCKED_ENTRY(1, 8, 1, 0)
 BLOCKED_ENTRIES(3)
 BLOCKED_ENTRIES(5)
 BLOCKED_ENTRIES(7)
 BLOCKED_ENTRIES(9)
+
+// ---- 1x1 filters as a GEMM tile ------------------------------------------------------------
+//
+// A 1x1 "same" convolution has no halo and no taps: for each image n it is the matrix product
+//     Y[n] (K x HW) = W (K x C) . X[n] (C x HW),    HW = H * W pixels, row-major, NCHW as is.
+// The tiles above spend their shared memory on halos and keep TK = 32 channels per block, so each
+// staged input value serves 32 output channels (day 06's notebook, section 8, counts it). Here a
+// block computes a BM x BN tile of Y[n] (BM output channels x BN = 128 pixels) with 256 threads,
+// each a TM x 8 register tile (TM = BM / 16), and stages BK = 8 input channels per step:
+//     sw[BK][BM + 4]   W[k0 .. k0+BM)[c0 .. c0+BK), transposed (channel c row-major); the 4-float
+//                      pad puts the 8 rows of a warp's transposing stores in different banks
+//     sx[BK][BN]       X[n][c0 .. c0+BK)[pix0 .. pix0+BN)
+// Each step a thread reads TM weights and 8 pixels per channel as float4s (TM/4 + 2 loads) for
+// TM * 8 FMAs. Two buffers: the next step's global loads go to registers before this step's FMAs
+// and into the other buffer after them, one barrier per step (the prefetch of the tiles above).
+//
+// Mapping: tid = threadIdx.x (256 threads), tn = tid % 16, tm = tid / 16;
+//   thread pixels   pix0 + 4*tn + {0..3} and pix0 + 64 + 4*tn + {0..3}     pix0 = blockIdx.x * BN
+//   thread channels k0 + 4*tm + 64*g + {0..3}, g < TM / 4                   k0 = blockIdx.y * BM
+//   a warp's 16 tn read 64 consecutive floats of sx (no bank conflict), its two tm broadcast.
+//   image n = blockIdx.z, step gridDim.z.
+// Launch: block (256, 1, 1); grid (ceil(HW / 128), ceil(K / BM), min(N, 65535)); static shared
+//   memory. Loads are scalar and bounds-checked (any C, H, W, no alignment needed); stores are
+//   float4 where HW % 4 == 0, so a row of 4 pixels is 16-byte aligned.
+constexpr int G_BN = 128, G_BK = 8, G_THREADS = 256;
+
+template <int BM>
+__device__ __forceinline__ void conv2d_blocked_1x1(const float* __restrict__ x, const float* __restrict__ w,
+                                                   float* __restrict__ y, int N, int C, int H, int W, int K) {
+    constexpr int TM = BM / 16, TN = G_BN / 16, SWW = BM + 4;
+    constexpr int NX = G_BK * G_BN / G_THREADS, NW = G_BK * BM / G_THREADS;  // loads per thread per step
+    static_assert(TM % 4 == 0 && NW >= 1, "BM must be a multiple of 64");
+    __shared__ __align__(16) float sw[2][G_BK][SWW];
+    __shared__ __align__(16) float sx[2][G_BK][G_BN];
+
+    const int tid = threadIdx.x, tn = tid % 16, tm = tid / 16;
+    const idx_t HW = (idx_t)H * W;
+    const idx_t pix0 = (idx_t)blockIdx.x * G_BN;
+    const int k0 = blockIdx.y * BM;
+    const bool vec_store = HW % 4 == 0;
+
+    // Element e = tid + u * 256 of a step: sx[e / BN][e % BN] (consecutive threads, consecutive
+    // pixels: coalesced) and sw[e % BK][e / BK] (8 consecutive channels of one filter). Which
+    // pixel and which filter an element holds never changes, so the bounds tests on them and
+    // the offsets are computed once; a step only adds BK channels.
+    bool x_in[NX], w_in[NW];
+    idx_t x_off[NX];
+    int w_off[NW];
+#pragma unroll
+    for (int u = 0; u < NX; ++u) {
+        const int e = tid + u * G_THREADS;
+        x_in[u] = pix0 + e % G_BN < HW;
+        x_off[u] = (idx_t)(e / G_BN) * HW + pix0 + e % G_BN;
+    }
+#pragma unroll
+    for (int u = 0; u < NW; ++u) {
+        const int e = tid + u * G_THREADS;
+        w_in[u] = k0 + e / G_BK < K;
+        w_off[u] = w_in[u] ? (k0 + e / G_BK) * C + e % G_BK : 0;  // K * C < 2^31 (checked in Python)
+    }
+
+    for (int n = blockIdx.z; n < N; n += gridDim.z) {
+        const float* xn = x + (idx_t)n * C * HW;
+        float xr[NX], wr[NW];
+        auto fetch = [&](int c0) {
+            const float* xc = xn + (idx_t)c0 * HW;
+#pragma unroll
+            for (int u = 0; u < NX; ++u)
+                xr[u] = (x_in[u] && c0 + (tid + u * G_THREADS) / G_BN < C) ? xc[x_off[u]] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < NW; ++u)
+                wr[u] = (w_in[u] && c0 + (tid + u * G_THREADS) % G_BK < C) ? w[w_off[u] + c0] : 0.0f;
+        };
+        auto put = [&](int b) {
+#pragma unroll
+            for (int u = 0; u < NX; ++u) {
+                const int e = tid + u * G_THREADS;
+                sx[b][e / G_BN][e % G_BN] = xr[u];
+            }
+#pragma unroll
+            for (int u = 0; u < NW; ++u) {
+                const int e = tid + u * G_THREADS;
+                sw[b][e % G_BK][e / G_BK] = wr[u];
+            }
+        };
+
+        float acc[TM][TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+        __syncthreads();  // the previous image's last step is no longer read
+        fetch(0);
+        put(0);
+        __syncthreads();
+        int b = 0;
+        for (int c0 = 0; c0 < C; c0 += G_BK, b ^= 1) {
+            const bool more = c0 + G_BK < C;
+            if (more) fetch(c0 + G_BK);
+#pragma unroll
+            for (int kk = 0; kk < G_BK; ++kk) {
+                float a[TM], v[TN];
+#pragma unroll
+                for (int g = 0; g < TM / 4; ++g) {
+                    const float4 t = *reinterpret_cast<const float4*>(&sw[b][kk][4 * tm + 64 * g]);
+                    a[4 * g] = t.x; a[4 * g + 1] = t.y; a[4 * g + 2] = t.z; a[4 * g + 3] = t.w;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float4 t = *reinterpret_cast<const float4*>(&sx[b][kk][4 * tn + 64 * h]);
+                    v[4 * h] = t.x; v[4 * h + 1] = t.y; v[4 * h + 2] = t.z; v[4 * h + 3] = t.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], v[j], acc[i][j]);
+            }
+            if (more) put(b ^ 1);
+            __syncthreads();
+        }
+
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int k = k0 + 4 * tm + 64 * (i / 4) + i % 4;
+            if (k >= K) continue;
+            float* yk = y + ((idx_t)n * K + k) * HW;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const idx_t pix = pix0 + 4 * tn + 64 * h;
+                if (vec_store && pix + 3 < HW) {
+                    *reinterpret_cast<float4*>(yk + pix) =
+                        make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (pix + j < HW) yk[pix + j] = acc[i][4 * h + j];
+                }
+            }
+        }
+    }
+}
+
+// MINB: the 8 x 8 register tile of BM = 128 needs more than the 128 registers that two blocks
+// per SM allow (it spills), so it runs one block (8 warps) per SM; BM = 64 fits two.
+#define BLOCKED_1X1_ENTRY(BM, MINB_1X1)                                                               \
+    extern "C" __global__ void __launch_bounds__(G_THREADS, MINB_1X1)                                 \
+        conv2d_blocked_1x1_m##BM(const float* __restrict__ x, const float* __restrict__ w,            \
+                                 float* __restrict__ y, int N, int C, int H, int W, int K) {           \
+        conv2d_blocked_1x1<BM>(x, w, y, N, C, H, W, K);                                               \
+    }
+BLOCKED_1X1_ENTRY(64, 2)
+BLOCKED_1X1_ENTRY(128, 1)

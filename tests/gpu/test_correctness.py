@@ -46,6 +46,7 @@ def _cases():
     problems = [("edge", p) for p in edge()] + [("quick", p) for p in quick()] + [("depthwise", p) for p in depthwise()]
     for v in VARIANTS:
         for suite_name, p in problems:
+            p = v.in_layout(p)  # NHWC kernels get the suites' problems in NHWC
             if not claims(v, p):
                 continue
             for kind in kinds_for(p):
@@ -85,7 +86,7 @@ def _candidates():
 
 
 def _batched(v):
-    for p in _candidates():
+    for p in map(v.in_layout, _candidates()):
         if p.N > 1 and not is_big(p) and claims(v, p):
             return p
     return None
@@ -108,7 +109,7 @@ def test_batch_matches_single_images(v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_poisoned_run_leaves_no_nan(v):
-    p = next((p for p in _candidates() if not is_big(p) and claims(v, p)), None)
+    p = next((p for p in map(v.in_layout, _candidates()) if not is_big(p) and claims(v, p)), None)
     if p is None:
         pytest.skip(f"{v.name} claims no edge/quick/depthwise problem")
     skip_if_device_refuses(v, p)
@@ -123,7 +124,10 @@ def test_poisoned_run_leaves_no_nan(v):
 def test_covers_model_matches_kernel_with_a_capped_grid(v):
     """Cap the grid at 1 block in y and 2 in z: the kernel's unwritten (NaN) outputs are exactly
     where the Python model `covers` predicts no write (none, for grid-stride kernels)."""
-    p = next((p for p in _candidates() if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)), None)
+    p = next(
+        (p for p in map(v.in_layout, _candidates()) if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)),
+        None,
+    )
     if p is None:
         pytest.skip(f"{v.name} claims no suitable problem")
     skip_if_device_refuses(v, p)
@@ -148,7 +152,7 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
 
 
 def _unclaimed(v):
-    for p in edge():
+    for p in map(v.in_layout, edge()):
         if not is_big(p) and p.x_numel < 10**6 and not claims(v, p):
             return p
     return None
@@ -177,7 +181,7 @@ def test_naive_refuses_even_filter_on_cuda_tensors():
 
 
 def _square(v):
-    for p in _candidates():
+    for p in map(v.in_layout, _candidates()):
         if p.H == p.W and p.H > 1 and not is_big(p) and claims(v, p):
             return p
     return None
@@ -192,7 +196,7 @@ def test_bad_cuda_tensors_refused(v):
     y = torch.full(p.y_shape, 7.0, device="cuda")
     with pytest.raises(TypeError, match="must be torch.float32"):
         run(v, p, x.double(), w, y=y)
-    xt = x.transpose(2, 3)
+    xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap H and W (H == W)
     with pytest.raises(ValueError, match="not contiguous"):
         run(v, p, xt, w, y=y)
     with pytest.raises(ValueError, match=r"w is on cpu.*w\.cuda\(\)"):
