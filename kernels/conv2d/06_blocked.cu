@@ -302,7 +302,8 @@ BLOCKED_ENTRIES(9)
 //   image n = blockIdx.z, step gridDim.z.
 // Launch: block (256, 1, 1); grid (ceil(HW / 128), ceil(K / BM), min(N, 65535)); static shared
 //   memory. Loads are scalar and bounds-checked (any C, H, W, no alignment needed); stores are
-//   float4 where HW % 4 == 0, so a row of 4 pixels is 16-byte aligned.
+//   float4 where HW % 4 == 0 and y is 16-byte aligned (then every row of 4 pixels is), scalar
+//   otherwise.
 constexpr int G_BN = 128, G_BK = 8, G_THREADS = 256;
 
 template <int BM>
@@ -318,7 +319,7 @@ __device__ __forceinline__ void conv2d_blocked_1x1(const float* __restrict__ x, 
     const idx_t HW = (idx_t)H * W;
     const idx_t pix0 = (idx_t)blockIdx.x * G_BN;
     const int k0 = blockIdx.y * BM;
-    const bool vec_store = HW % 4 == 0;
+    const bool vec_store = HW % 4 == 0 && reinterpret_cast<unsigned long long>(y) % 16 == 0;  // float4-aligned rows
 
     // Element e = tid + u * 256 of a step: sx[e / BN][e % BN] (consecutive threads, consecutive
     // pixels: coalesced) and sw[e % BK][e / BK] (8 consecutive channels of one filter). Which
