@@ -13,6 +13,14 @@ written exactly once.
 
 `run` validates tensors and the problem *before* anything touches the GPU, then launches on the
 legacy default stream (torch's default), so kernels and torch ops stay ordered.
+
+A variant that needs several kernels and scratch memory (day 08: im2col into a workspace, then
+a GEMM) also sets ``steps_fn(problem) -> list[Step]`` and ``workspace_fn(problem) -> bytes``.
+Each `Step` names its entry, launch configuration, pointer arguments (from x, w, y and the
+workspace) and scalars; `prepare` allocates the workspace and returns one closure that launches
+the steps in order, and `prepare_steps` returns one closure per step (to time them apart).
+`supports` checks every step's launch; ``launch_fn``/``covers_fn`` describe the last step, the
+one that writes y. Variants without ``steps_fn`` are one step, ``"main"``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,36 @@ class LaunchConfig:
         return math.prod(self.grid)
 
 
+BUFFERS = ("x", "w", "y", "workspace")  # the pointers a `Step` can pass, by name
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch of a variant: its pointer arguments, then its scalar arguments.
+
+    ``buffers`` names the pointer arguments in order, from `BUFFERS`: the input x, the filter w,
+    the output y and the variant's scratch memory (``workspace``: `Variant.workspace_fn` bytes,
+    allocated by `prepare`). ``entry``, ``launch`` and ``scalars`` left ``None`` are the
+    variant's own: `Variant.entry_for`, `Variant.launch` and ``args_fn`` (`Variant.steps` fills
+    them in); the step that writes y usually leaves them so, which keeps ``covers`` its model.
+    Scalars must be numpy scalars (``np.int32``), as pycuda needs.
+
+    Raises:
+        ValueError: an unknown buffer name.
+    """
+
+    name: str
+    buffers: tuple[str, ...]
+    entry: str | None = None
+    launch: LaunchConfig | None = None
+    scalars: tuple | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.buffers if b not in BUFFERS]
+        if unknown:
+            raise ValueError(f"step {self.name!r}: unknown buffers {unknown}; known: {BUFFERS}")
+
+
 @dataclass(frozen=True)
 class Variant:
     """One kernel of the series (see the module docstring)."""
@@ -79,6 +117,10 @@ class Variant:
     # in `prepare` right after `check_tensors`, before any GPU call (y is None when `prepare`
     # allocates it; torch's allocations are 256-byte aligned).
     tensor_check_fn: Callable[[Conv2dProblem, torch.Tensor, torch.Tensor, torch.Tensor], str | None] | None = None
+    # Several kernels per run (see the module docstring): the steps in launch order, and the
+    # bytes of scratch memory they share (``workspace`` in `Step.buffers`).
+    steps_fn: Callable[[Conv2dProblem], list[Step]] | None = None
+    workspace_fn: Callable[[Conv2dProblem], int] | None = None
 
     def supports(self, problem: Conv2dProblem, smem_limit: int = DEFAULT_SMEM_LIMIT) -> str | None:
         """``None`` if this variant handles ``problem``, else the reason it does not."""
@@ -95,14 +137,18 @@ class Variant:
         reason = self.supports_fn(problem)
         if reason:
             return f"{self.name}: {reason}"
-        cfg = self.launch_fn(problem)
-        if cfg.threads_per_block > MAX_THREADS_PER_BLOCK:
-            return f"{self.name}: block {cfg.block} has more than {MAX_THREADS_PER_BLOCK} threads"
-        for axis, (g, limit) in enumerate(zip(cfg.grid, MAX_GRID)):
-            if not 1 <= g <= limit:
-                return f"{self.name}: grid {'xyz'[axis]} = {g} is outside 1..{limit}"
-        if cfg.shared_bytes > smem_limit:
-            return f"{self.name}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
+        if self.steps_fn is None:
+            configs = [(self.name, self.launch_fn(problem))]
+        else:  # every kernel of the run, named in the reason
+            configs = [(f"{self.name} ({s.name} kernel)", s.launch) for s in self.steps(problem)]
+        for who, cfg in configs:
+            if cfg.threads_per_block > MAX_THREADS_PER_BLOCK:
+                return f"{who}: block {cfg.block} has more than {MAX_THREADS_PER_BLOCK} threads"
+            for axis, (g, limit) in enumerate(zip(cfg.grid, MAX_GRID)):
+                if not 1 <= g <= limit:
+                    return f"{who}: grid {'xyz'[axis]} = {g} is outside 1..{limit}"
+            if cfg.shared_bytes > smem_limit:
+                return f"{who}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
         return None
 
     def launch(self, problem: Conv2dProblem) -> LaunchConfig:
@@ -122,6 +168,33 @@ class Variant:
     def covers(self, problem: Conv2dProblem) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) predicted by the Python model."""
         return self.covers_fn(problem, self.launch_fn(problem))
+
+    def steps(self, problem: Conv2dProblem) -> list[Step]:
+        """The kernel launches of one run, in order, every field filled in (see `Step`).
+
+        Without ``steps_fn``: one step, ``"main"``, launching `entry_for` with `launch` on
+        (x, w, y) and ``args_fn``'s scalars.
+        """
+        if self.steps_fn is None:
+            return [Step("main", ("x", "w", "y"), self.entry_for(problem), self.launch_fn(problem),
+                         tuple(self.args_fn(problem)))]  # fmt: skip
+        steps = [
+            replace(
+                s,
+                entry=s.entry or self.entry_for(problem),
+                launch=s.launch or self.launch_fn(problem),
+                scalars=tuple(self.args_fn(problem) if s.scalars is None else s.scalars),
+            )
+            for s in self.steps_fn(problem)
+        ]
+        names = [s.name for s in steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: step names must be unique; got {names}")
+        return steps
+
+    def workspace_bytes(self, problem: Conv2dProblem) -> int:
+        """Bytes of scratch memory one run needs (0 without ``workspace_fn``)."""
+        return int(self.workspace_fn(problem)) if self.workspace_fn else 0
 
 
 REGISTRY: dict[str, Variant] = {}
@@ -229,6 +302,15 @@ def prepare(
         NoGPUError: no GPU or no pycuda.
     """
     v = get(variant)
+    if v.steps_fn is not None:  # several kernels and a workspace: `prepare_steps`, then all in order
+        launches, y, _ = prepare_steps(v, problem, x, w, y)
+        fns = tuple(launches.values())
+
+        def launch_all() -> None:
+            for f in fns:
+                f()
+
+        return launch_all, y
     reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
     if reason:
         raise UnsupportedProblem(reason)
@@ -262,6 +344,75 @@ def prepare(
         fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
 
     return launch, y
+
+
+def _step_launcher(fn, args: tuple, cfg: LaunchConfig, workspace: torch.Tensor | None) -> Callable[[], None]:
+    def launch() -> None:
+        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
+
+    launch.workspace = workspace  # the closure keeps the workspace alive as long as it lives
+    return launch
+
+
+def prepare_steps(
+    variant: str | Variant, problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None
+) -> tuple[dict[str, Callable[[], None]], torch.Tensor, torch.Tensor | None]:
+    """Like `prepare`, but one closure per kernel: ``({step name: launch}, y, workspace)``.
+
+    The closures must be called in order (a later step reads what an earlier one wrote); each
+    launches its kernel once on the default stream, so ``helpers.timing.time_gpu`` can time the
+    steps apart. ``workspace`` is the uint8 CUDA tensor of `Variant.workspace_bytes` bytes on x's
+    device that the steps share (``None`` if the variant needs none); it is allocated last, after
+    every check passed and every kernel compiled. A variant without ``steps_fn`` gives
+    ``{"main": launch}``, exactly `prepare`'s closure.
+
+    Raises:
+        the same as `prepare`, with the same checks before any GPU call.
+    """
+    v = get(variant)
+    if v.steps_fn is None:
+        launch, y = prepare(v, problem, x, w, y)
+        return {"main": launch}, y, None
+    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
+    if reason:
+        raise UnsupportedProblem(reason)
+    check_tensors(problem, x, w, y)
+    if v.tensor_check_fn is not None:
+        reason = v.tensor_check_fn(problem, x, w, y)
+        if reason:
+            raise ValueError(f"{v.name}: {reason}")
+    from . import gpu
+    from .compile import load_kernel
+
+    info = gpu.device_info()
+    reason = v.supports(problem, smem_limit=info.smem_per_block_optin)
+    if reason:
+        raise UnsupportedProblem(reason)
+    if torch.cuda.current_stream(x.device).cuda_stream != 0:
+        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+    steps = v.steps(problem)
+    nbytes = v.workspace_bytes(problem)
+    if nbytes <= 0 and any("workspace" in s.buffers for s in steps):
+        raise ValueError(f"{v.name}: a step passes the workspace, but workspace_fn gives {nbytes} bytes")
+    compiled = []
+    for s in steps:
+        k = load_kernel(v.cu_file, s.entry, v.defines, dynamic_smem=s.launch.shared_bytes)
+        if s.launch.threads_per_block > k.max_threads_per_block:
+            raise UnsupportedProblem(
+                f"{v.name} ({s.name} kernel): block of {s.launch.threads_per_block} threads, but this build "
+                f"allows {k.max_threads_per_block} (registers: {k.num_regs})"
+            )
+        compiled.append((s, k.function))
+    if y is None:
+        y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=x.device) if nbytes > 0 else None
+    ptrs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr(),
+            "workspace": workspace.data_ptr() if workspace is not None else 0}  # fmt: skip
+    launches = {}
+    for s, fn in compiled:
+        args = (*(np.uintp(ptrs[b]) for b in s.buffers), *s.scalars)
+        launches[s.name] = _step_launcher(fn, args, s.launch, workspace)
+    return launches, y, workspace
 
 
 def run(
