@@ -161,6 +161,14 @@ class Variant:
             return problem
         return replace(problem, layout=self.layouts[0], name="")
 
+    def adapt(self, problem: Conv2dProblem) -> Conv2dProblem:
+        """`in_layout`, and in the variant's first dtype too if it does not take the problem's
+        (e.g. an fp32 suite problem as fp16 NHWC for a tensor-core kernel)."""
+        p = self.in_layout(problem)
+        if p.dtype in self.dtypes:
+            return p
+        return replace(p, dtype=self.dtypes[0], name="")
+
     def entry_for(self, problem: Conv2dProblem) -> str:
         """The kernel function this variant launches for ``problem``."""
         return self.entry_fn(problem) if self.entry_fn else self.entry
@@ -212,7 +220,7 @@ def _load_all() -> None:
     """Import the modules whose import registers variants (days in curriculum order)."""
     import importlib
 
-    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm"):
+    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm", "wmma", "mma"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:
@@ -285,6 +293,28 @@ def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: t
             raise ValueError(f"x is on {x.device} but {nm} is on {t.device}")
 
 
+def _validate(v: Variant, problem: Conv2dProblem, x, w, y) -> None:
+    """Every check `prepare` makes before compiling, in order: shape-level `Variant.supports` (no
+    GPU call), `check_tensors`, the variant's ``tensor_check_fn``, then `supports` with the device's
+    shared-memory limit and the current stream. Raises what `prepare` documents."""
+    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
+    if reason:
+        raise UnsupportedProblem(reason)
+    check_tensors(problem, x, w, y)
+    if v.tensor_check_fn is not None:
+        reason = v.tensor_check_fn(problem, x, w, y)
+        if reason:
+            raise ValueError(f"{v.name}: {reason}")
+    from . import gpu
+
+    info = gpu.device_info()
+    reason = v.supports(problem, smem_limit=info.smem_per_block_optin)
+    if reason:
+        raise UnsupportedProblem(reason)
+    if torch.cuda.current_stream(x.device).cuda_stream != 0:
+        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+
+
 def prepare(
     variant: str | Variant, problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None
 ) -> tuple[Callable[[], None], torch.Tensor]:
@@ -311,23 +341,9 @@ def prepare(
                 f()
 
         return launch_all, y
-    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
-    if reason:
-        raise UnsupportedProblem(reason)
-    check_tensors(problem, x, w, y)
-    if v.tensor_check_fn is not None:
-        reason = v.tensor_check_fn(problem, x, w, y)
-        if reason:
-            raise ValueError(f"{v.name}: {reason}")
-    from . import gpu
+    _validate(v, problem, x, w, y)
     from .compile import load_kernel
 
-    info = gpu.device_info()
-    reason = v.supports(problem, smem_limit=info.smem_per_block_optin)
-    if reason:
-        raise UnsupportedProblem(reason)
-    if torch.cuda.current_stream(x.device).cuda_stream != 0:
-        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
     if y is None:
         y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
     cfg = v.launch(problem)
@@ -373,23 +389,9 @@ def prepare_steps(
     if v.steps_fn is None:
         launch, y = prepare(v, problem, x, w, y)
         return {"main": launch}, y, None
-    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
-    if reason:
-        raise UnsupportedProblem(reason)
-    check_tensors(problem, x, w, y)
-    if v.tensor_check_fn is not None:
-        reason = v.tensor_check_fn(problem, x, w, y)
-        if reason:
-            raise ValueError(f"{v.name}: {reason}")
-    from . import gpu
+    _validate(v, problem, x, w, y)
     from .compile import load_kernel
 
-    info = gpu.device_info()
-    reason = v.supports(problem, smem_limit=info.smem_per_block_optin)
-    if reason:
-        raise UnsupportedProblem(reason)
-    if torch.cuda.current_stream(x.device).cuda_stream != 0:
-        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
     steps = v.steps(problem)
     nbytes = v.workspace_bytes(problem)
     if nbytes <= 0 and any("workspace" in s.buffers for s in steps):

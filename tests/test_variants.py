@@ -67,10 +67,10 @@ ALL_PROBLEMS = [(f"edge:{p.name}", p) for p in edge()] + [
 ]
 # (variant, problem) pairs the variant claims; the unsupported ones are not tests (and not skips)
 SUPPORTED = [
-    pytest.param(v, v.in_layout(p), id=f"{v.name}-{pid}")
+    pytest.param(v, v.adapt(p), id=f"{v.name}-{pid}")
     for v in VARIANTS
     for pid, p in ALL_PROBLEMS
-    if v.supports(v.in_layout(p)) is None
+    if v.supports(v.adapt(p)) is None
 ]
 
 
@@ -99,21 +99,21 @@ def test_every_output_written_once(v, p: Conv2dProblem):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_supports_returns_none_or_a_reason(v):
     for _, p in ALL_PROBLEMS:
-        reason = v.supports(v.in_layout(p))
+        reason = v.supports(v.adapt(p))
         assert reason is None or (isinstance(reason, str) and reason.startswith(v.name)), (v.name, p.name, reason)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_variant_supports_something(v):
     """A variant with no supported problem among the edge and random ones would make the coverage test vacuous."""
-    probs = [v.in_layout(p) for p in edge() + random_problems() if not is_big(p)]
+    probs = [v.adapt(p) for p in edge() + random_problems() if not is_big(p)]
     assert any(v.supports(p) is None for p in probs), f"{v.name} supports none of the edge/random problems"
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_grid_capping_cases_are_covered(v):
     """The edge suite's N*K > 65535 and P > 65535*8 problems: supported ones keep the grid within limits."""
-    for p in map(v.in_layout, edge()):
+    for p in map(v.adapt, edge()):
         if (p.N * p.K > MAX_GRID[2] or p.P > MAX_GRID[1] * 8) and v.supports(p) is None:
             cfg = v.launch(p)
             assert cfg.grid[1] <= MAX_GRID[1] and cfg.grid[2] <= MAX_GRID[2], (v.name, p.name, cfg)
@@ -177,7 +177,7 @@ def no_gpu(monkeypatch):
 
 def supported_square(v) -> Conv2dProblem:
     """A problem ``v`` supports with H == W (so a transposed x keeps its shape)."""
-    for p in map(v.in_layout, quick() + edge() + random_problems()):
+    for p in map(v.adapt, quick() + edge() + random_problems()):
         if p.H == p.W and p.H > 1 and not is_big(p) and v.supports(p) is None:
             return p
     pytest.skip(f"{v.name} supports no square problem here")
@@ -188,13 +188,14 @@ def supported_square(v) -> Conv2dProblem:
 def test_bad_tensors_refused_on_cpu(v, call, no_gpu):
     p = supported_square(v)
     x, w = p.make_inputs()
-    with pytest.raises(TypeError, match=r"x must be torch\.float32"):
+    want = str(p.torch_dtype).replace(".", r"\.")  # e.g. torch\.float32
+    with pytest.raises(TypeError, match=rf"x must be {want}"):
         call(v, p, x.double(), w)
-    with pytest.raises(TypeError, match=r"w must be torch\.float32"):
-        call(v, p, x, w.half())
+    with pytest.raises(TypeError, match=rf"w must be {want}"):
+        call(v, p, x, w.double())
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         call(v, p, x.numpy(), w)
-    bad_shape = torch.zeros(p.N, p.C, p.H + 1, p.W)
+    bad_shape = torch.zeros(p.N, p.C, p.H + 1, p.W, dtype=p.torch_dtype)
     with pytest.raises(ValueError, match="x must have shape"):
         call(v, p, bad_shape, w)
     with pytest.raises(ValueError, match="w must have shape"):
@@ -231,7 +232,7 @@ def test_no_gpu_fixture_blocks_pycuda(no_gpu):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_sizes_past_int32_are_refused(v):
     """The kernels take sizes as np.int32: a larger one must be refused, not wrapped or overflowed at launch."""
-    p = v.in_layout(Conv2dProblem(N=1, C=1, H=2**31, W=1, K=1, R=1, S=1))
+    p = v.adapt(Conv2dProblem(N=1, C=1, H=2**31, W=1, K=1, R=1, S=1))
     reason = v.supports(p, smem_limit=2**31)
     assert reason is not None and "int32" in reason and str(2**31) in reason, reason
 

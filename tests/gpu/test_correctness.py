@@ -46,7 +46,7 @@ def _cases():
     problems = [("edge", p) for p in edge()] + [("quick", p) for p in quick()] + [("depthwise", p) for p in depthwise()]
     for v in VARIANTS:
         for suite_name, p in problems:
-            p = v.in_layout(p)  # NHWC kernels get the suites' problems in NHWC
+            p = v.adapt(p)  # NHWC/fp16 kernels get the suites' problems in their layout/dtype
             if not claims(v, p):
                 continue
             for kind in kinds_for(p):
@@ -86,7 +86,7 @@ def _candidates():
 
 
 def _batched(v):
-    for p in map(v.in_layout, _candidates()):
+    for p in map(v.adapt, _candidates()):
         if p.N > 1 and not is_big(p) and claims(v, p):
             return p
     return None
@@ -109,12 +109,12 @@ def test_batch_matches_single_images(v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_poisoned_run_leaves_no_nan(v):
-    p = next((p for p in map(v.in_layout, _candidates()) if not is_big(p) and claims(v, p)), None)
+    p = next((p for p in map(v.adapt, _candidates()) if not is_big(p) and claims(v, p)), None)
     if p is None:
         pytest.skip(f"{v.name} claims no edge/quick/depthwise problem")
     skip_if_device_refuses(v, p)
     x, w = p.make_inputs(device="cuda")
-    y = torch.zeros(p.y_shape, device="cuda")
+    y = torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda")
     out = run(v, p, x, w, y=y, poison=True)
     assert out.data_ptr() == y.data_ptr()  # written in place
     assert not bool(torch.isnan(out).any()), f"{v.name} on {p.name}: {int(torch.isnan(out).sum())} outputs unwritten"
@@ -125,7 +125,7 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
     """Cap the grid at 1 block in y and 2 in z: the kernel's unwritten (NaN) outputs are exactly
     where the Python model `covers` predicts no write (none, for grid-stride kernels)."""
     p = next(
-        (p for p in map(v.in_layout, _candidates()) if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)),
+        (p for p in map(v.adapt, _candidates()) if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)),
         None,
     )
     if p is None:
@@ -152,7 +152,7 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
 
 
 def _unclaimed(v):
-    for p in map(v.in_layout, edge()):
+    for p in map(v.adapt, edge()):
         if not is_big(p) and p.x_numel < 10**6 and not claims(v, p):
             return p
     return None
@@ -164,7 +164,7 @@ def test_unsupported_problem_raises_before_launch(v):
     if p is None:
         pytest.skip(f"{v.name} claims every edge problem")
     x, w = p.make_inputs(device="cuda")
-    y = torch.full(p.y_shape, 7.0, device="cuda")
+    y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(UnsupportedProblem):
         run(v, p, x, w, y=y, poison=True)
     torch.cuda.synchronize()
@@ -181,7 +181,7 @@ def test_naive_refuses_even_filter_on_cuda_tensors():
 
 
 def _square(v):
-    for p in map(v.in_layout, _candidates()):
+    for p in map(v.adapt, _candidates()):
         if p.H == p.W and p.H > 1 and not is_big(p) and claims(v, p):
             return p
     return None
@@ -193,8 +193,8 @@ def test_bad_cuda_tensors_refused(v):
     if p is None:
         pytest.skip(f"{v.name} claims no square problem")
     x, w = p.make_inputs(device="cuda")
-    y = torch.full(p.y_shape, 7.0, device="cuda")
-    with pytest.raises(TypeError, match="must be torch.float32"):
+    y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
+    with pytest.raises(TypeError, match=f"must be {p.torch_dtype}"):
         run(v, p, x.double(), w, y=y)
     xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap H and W (H == W)
     with pytest.raises(ValueError, match="not contiguous"):
