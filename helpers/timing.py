@@ -1,10 +1,14 @@
 """Timing GPU work with CUDA events: warm-up, L2 flushed outside the window, median and spread.
 
-Each repetition is: flush L2 (write a buffer twice the L2's size), record a start event, run the
-function, record an end event. The flush is queued before the start event, so it is not timed,
-and the timed run starts from a cold L2 the way a layer in a network usually does. Only
-after all repetitions do we synchronise and read the events, so no host gap lands inside a
-window. We report the median with the 20th and 80th percentiles, in milliseconds.
+Each repetition is: flush L2 (write a buffer twice the L2's size), keep the GPU busy for about
+0.1 ms (`GPU_LEAD_CYCLES`), record a start event, run the function, record an end event. The
+flush is queued before the start event, so it is not timed, and the timed run starts from a cold
+L2 the way a layer in a network usually does. The busy wait matters for kernels of a few tens of
+microseconds: without it, when the host needs longer to launch the function (torch's dispatch,
+pycuda's argument packing) than the GPU needs for the flush, the GPU sits idle between the start
+event and the kernel, and that host time lands inside the window. Only after all repetitions do
+we synchronise and read the events. We report the median with the 20th and 80th percentiles, in
+milliseconds.
 
 This follows the practice of ``triton.testing.do_bench`` (which by default returns the mean and
 flushes 256 MB); we keep the median, and size the flush to the device's L2.
@@ -33,6 +37,15 @@ class Timing:
 def _flush_buffer(device: int) -> torch.Tensor:
     l2 = torch.cuda.get_device_properties(device).L2_cache_size or 64 * 2**20
     return torch.empty(2 * l2, dtype=torch.uint8, device=f"cuda:{device}")
+
+
+GPU_LEAD_CYCLES = 200_000  # ~0.1 ms at 2 GHz: longer than launching one conv from Python
+
+
+def gpu_lead() -> None:
+    """Queue a kernel that spins for `GPU_LEAD_CYCLES` clock cycles, so the GPU is still busy
+    while the host records the start event and launches the timed work behind it."""
+    torch.cuda._sleep(GPU_LEAD_CYCLES)
 
 
 def flush_l2() -> None:
@@ -69,6 +82,7 @@ def time_gpu(
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush:
             flush_l2()
+        gpu_lead()
         s.record()
         fn()
         e.record()
@@ -80,6 +94,7 @@ def time_gpu(
     for s, e in zip(starts, ends):
         if flush:
             flush_l2()
+        gpu_lead()
         s.record()
         fn()
         e.record()
