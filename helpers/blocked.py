@@ -17,7 +17,7 @@ import numpy as np
 
 from .direct import _grid_stride, nchw_args, same_fp32_nchw
 from .problem import Conv2dProblem
-from .variants import MAX_GRID, LaunchConfig, Variant, register
+from .variants import INT32_MAX, MAX_GRID, LaunchConfig, Variant, register
 
 BLOCKED_DEFINES = {"BY": 8, "PT": 4}  # the defaults documented in the .cu
 BLOCKED_FILTERS = (1, 3, 5, 7, 9)
@@ -71,14 +71,19 @@ def default_gemm_bm(p: Conv2dProblem) -> int:
     return 128 if p.K >= 128 else 64
 
 
-def blocked_supports(p: Conv2dProblem) -> str | None:
+def blocked_supports(p: Conv2dProblem, defines: dict = BLOCKED_DEFINES, kt_rule=default_kt) -> str | None:
     reason = same_fp32_nchw(p)
     if reason:
         return reason
     if p.R != p.S or p.R not in BLOCKED_FILTERS:
         return f"needs a square filter with R = S in {BLOCKED_FILTERS}; got {p.R}x{p.S} (use `general`)"
-    if uses_gemm_tile(p) and p.K * p.C > 2**31 - 1:
-        return f"the 1x1 GEMM tile indexes the filter with 32-bit offsets; K*C = {p.K * p.C} is too large"
+    if uses_gemm_tile(p):
+        if p.K * p.C > INT32_MAX:
+            return f"the 1x1 GEMM tile indexes the filter with 32-bit offsets; K*C = {p.K * p.C} is too large"
+        return None
+    cc = stage_channels(p, defines, prefetches(p, defines, kt_rule))
+    if p.C - 1 + cc > INT32_MAX:  # the int stage loop, c0 += CC while c0 < C, must not wrap
+        return f"C = {p.C} is within one stage ({cc} channels) of INT32_MAX: the kernel's 32-bit channel loop wraps"
     return None
 
 
@@ -160,7 +165,7 @@ def make_blocked(
         entry="conv2d_blocked_r3_k8_g4",
         entry_fn=partial(_entry, kt_rule=kt_rule, bm_rule=bm_rule),
         summary="register blocking: 4 rows x 8 channels per thread from shared-memory tiles; 1x1: a GEMM tile",
-        supports_fn=blocked_supports,
+        supports_fn=partial(blocked_supports, defines=d, kt_rule=kt_rule),
         launch_fn=partial(_launch, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
         args_fn=lambda p: nchw_args(p)[:5],  # N, C, H, W, K: R and S are compiled in
         covers_fn=partial(_covers, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),

@@ -23,12 +23,15 @@ import numpy as np
 
 from .general import full_args
 from .problem import Conv2dProblem
-from .variants import LaunchConfig, Variant, register
+from .variants import INT32_MAX, LaunchConfig, Variant, register
 
 THREADS = 256  # both kernels
 ANALYTIC_TILE = (64, 64)
 TILES = ((128, 128), (128, 64), (64, 128), (64, 64))  # the instantiated (BM, BN) of 09_igemm_simt.cu
 VEC_ALIGN = 16  # bytes: the float4 loads and stores
+# GEMM-K = R*S*C is an int in the kernels, and so are their GEMM-K walks, which step by up to 32
+# channels (CEIL_DIV(C, 32), kg0 + 31 in day 11's scalar path): they must not pass INT32_MAX.
+MAX_GEMM_K = INT32_MAX - 31
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -58,11 +61,24 @@ class Tile:
 
 
 def igemm_supports(p: Conv2dProblem) -> str | None:
-    """What both day-09 kernels take: groups = 1 (any stride, padding, dilation, filter, C, K)."""
+    """What both day-09 kernels (and day 11's) take: groups = 1 (any stride, padding, dilation,
+    filter, C, K), within their 32-bit index arithmetic (`int32_reason`)."""
     if p.groups != 1:
         return f"needs groups=1; got {p.groups} (use `general` or `depthwise`, NCHW)"
-    if p.R * p.S * p.C > 2**31 - 1:
-        return f"GEMM-K = R*S*C = {p.R * p.S * p.C} does not fit the kernels' 32-bit filter offsets"
+    return int32_reason(p)
+
+
+def int32_reason(p: Conv2dProblem) -> str | None:
+    """The implicit-GEMM kernels' (days 09-11) 32-bit arithmetic: GEMM-K = R*S*C at most
+    `MAX_GEMM_K` (filter offsets and the GEMM-K walk), and P*Q < 2^31 (each thread decodes its
+    output pixel as ``int pq = m % (P*Q)``). None, or the reason."""
+    if p.R * p.S * p.C > MAX_GEMM_K:
+        return (
+            f"GEMM-K = R*S*C = {p.R * p.S * p.C} is over {MAX_GEMM_K}, the kernels' 32-bit filter offsets "
+            "and GEMM-K loop"
+        )
+    if p.P * p.Q > INT32_MAX:
+        return f"P*Q = {p.P * p.Q} output pixels per image do not fit the kernels' 32-bit pixel index"
     return None
 
 

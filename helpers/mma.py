@@ -1,4 +1,4 @@
-"""Registry entries for days 11-12: tensor-core implicit GEMM with mma.sync, NHWC fp16/bf16.
+"""Registry entry for day 11: tensor-core implicit GEMM with mma.sync, NHWC fp16/bf16.
 
 * ``igemm_mma`` (``kernels/conv2d/11_igemm_mma.cu``): ``mma.sync.m16n8k16`` through inline PTX,
   ``ldmatrix.x4``, XOR-swizzled shared memory, 128 x 128 x 32 block tile, 8 warps of 64 x 32,
@@ -47,7 +47,8 @@ def _mma_launch(p: Conv2dProblem) -> LaunchConfig:
 
 def tensor_core_check(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None) -> str | None:
     """What the tensor-core kernels need of the tensors: a GPU of compute capability 8.0 or newer,
-    x and w 16-byte aligned on the vec path (C % 8 == 0), y 4-byte aligned (pairs of outputs).
+    x and w 16-byte aligned on the vec path (C % 8 == 0), y 4-byte aligned where K is even (the
+    kernel stores pairs of outputs then, single ones for odd K).
 
     Returns None or the reason (`helpers.variants.prepare` raises it as ValueError).
     """
@@ -57,7 +58,7 @@ def tensor_core_check(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: tor
             need_cc = f"{MIN_CC[0]}.{MIN_CC[1]}"
             return f"needs a GPU of compute capability {need_cc}+ (mma.sync, ldmatrix); this one is {cc[0]}.{cc[1]}"
     need = [("x", x, 16), ("w", w, 16)] if mma_vec_path(p) else []
-    if y is not None:
+    if y is not None and p.K % 2 == 0:
         need.append(("y", y, 4))
     for nm, t, align in need:
         if t.data_ptr() % align:

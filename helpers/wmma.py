@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .general import full_args
+from .igemm import int32_reason
 from .problem import Conv2dProblem
 from .variants import LaunchConfig, Variant, register
 
@@ -43,13 +44,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def wmma_supports(p: Conv2dProblem) -> str | None:
-    """What ``igemm_wmma`` takes beyond dtype and layout: groups = 1 and R·S·C < 2^31 (the
-    kernel's 32-bit filter offsets). Any stride, padding, dilation, filter size, C and K."""
+    """What ``igemm_wmma`` takes beyond dtype and layout: groups = 1, and R·S·C and P·Q within the
+    kernel's 32-bit arithmetic (`helpers.igemm.int32_reason`). Any stride, padding, dilation,
+    filter size, C and K."""
     if p.groups != 1:
         return f"needs groups=1; got {p.groups} (use `general` or `depthwise`, fp32 NCHW)"
-    if p.R * p.S * p.C > 2**31 - 1:
-        return f"GEMM-K = R*S*C = {p.R * p.S * p.C} does not fit the kernel's 32-bit filter offsets"
-    return None
+    return int32_reason(p)
 
 
 def vec_path(p: Conv2dProblem) -> bool:

@@ -7,6 +7,7 @@ PATH the compile tests skip (the `parse_ptxas` unit tests still run).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 
@@ -95,14 +96,23 @@ def test_compiles(cu_file: str, arch: str):
 
 
 def variant_entries(variant) -> set[str]:
-    """Entry points ``variant`` launches: its default entry and, for variants that pick one per
-    problem (``entry_for``), the entries of every problem of the named suites it supports."""
+    """Entry points ``variant`` launches: its default entry and the entries of every step of every
+    problem of the named suites it supports, in its layout and in each of its dtypes (`Variant.adapt`)."""
     entries = {variant.entry}
-    entry_for = getattr(variant, "entry_for", None)
-    if entry_for is not None:
-        for name in SUITES:
-            entries |= {entry_for(p) for p in suite(name) if variant.supports(p) is None}
+    for name in SUITES:
+        for p in suite(name):
+            for dtype in variant.dtypes:
+                q = variant.adapt(replace(p, dtype=dtype, name=""))
+                if variant.supports(q, smem_limit=2**31) is None:
+                    entries |= {s.entry for s in variant.steps(q)}
     return entries
+
+
+def test_variant_entries_see_every_load_path():
+    """The NHWC and fp16/bf16 variants are reached through `Variant.adapt`: more than their default entry."""
+    names = {v.name: variant_entries(v) for v in all_variants()}
+    assert {"im2col_nhwc", "sgemm_nt_128x64", "sgemm_nt_128x128"} <= names["im2col"]
+    assert len(names["igemm_simt"]) >= 4 and len(names["igemm_wmma"]) == len(names["igemm_mma"]) == 4
 
 
 @needs_nvcc

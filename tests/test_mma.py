@@ -7,6 +7,7 @@ itself in tests/gpu/test_mma_gpu.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -66,3 +67,16 @@ def test_tensor_check_names_the_misaligned_tensor():
     p3 = nhwc(N=1, C=3, H=4, W=4, K=8, R=1, S=1)  # scalar loads: x and w need no alignment
     x3, w3 = p3.make_inputs()
     assert tensor_core_check(p3, torch.empty(x3.numel() + 1, dtype=torch.float16)[1:].view(x3.shape), w3, None) is None
+
+
+def test_odd_k_needs_no_aligned_y():
+    """Pairs are stored only where K is even; with odd K the kernel stores element by element,
+    so a y view 2 bytes off an allocation is fine (and still refused for even K)."""
+    p = nhwc(N=1, C=8, H=4, W=4, K=7, R=1, S=1)
+    x, w = p.make_inputs()
+    ys = torch.empty(math.prod(p.y_shape) + 1, dtype=torch.float16)[1:].view(p.y_shape)
+    assert tensor_core_check(p, x, w, ys) is None
+    p8 = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
+    x8, w8 = p8.make_inputs()
+    ys8 = torch.empty(math.prod(p8.y_shape) + 1, dtype=torch.float16)[1:].view(p8.y_shape)
+    assert "y.data_ptr() is not 4-byte aligned" in tensor_core_check(p8, x8, w8, ys8)

@@ -247,3 +247,36 @@ def test_bad_y_refused_before_gpu(v, no_gpu):
             prepare(v, p, x, w, y)
         with pytest.raises(ValueError, match="y must be"):
             run(v, p, x, w, y)
+
+
+# (variant, problem, words of the reason): problems inside every int32 argument whose *products*
+# overflow 32-bit arithmetic in the kernel (checked by emulating the kernels' int math).
+INT32_PRODUCTS = [
+    # 09/10/11: `const int pq = (int)(m % (P * Q))` wraps for P*Q >= 2^31: pixel 2^31 decodes to
+    # h0 = -46340 (padding) instead of row 46340, so its outputs would be 0.
+    *[pytest.param(n, Conv2dProblem(N=1, C=1, H=46341, W=46341, K=1, R=1, S=1), "P*Q", id=f"{n}-PQ")
+      for n in ("igemm_simt_analytic", "igemm_simt", "igemm_wmma", "igemm_mma")],
+    # GEMM-K walks: CEIL_DIV(C, 8) (09) and CEIL_DIV(C, 32) (10, 11) wrap to a negative step count
+    # (no loop, y = 0); the analytic kernel's `kg0 += 8` wraps and `kg0 < KG` never ends. One
+    # bound, R*S*C <= INT32_MAX - 31, covers the widest step (32).
+    *[pytest.param(n, Conv2dProblem(N=1, C=2**31 - 1, H=1, W=1, K=1, R=1, S=1), "R*S*C", id=f"{n}-RSC")
+      for n in ("igemm_simt_analytic", "igemm_simt", "igemm_wmma", "igemm_mma")],
+    # 06 (K < 32 tiles): `for (c0 = 0; c0 < C; c0 += CC)` wraps for C > INT32_MAX - CC + 1.
+    pytest.param("blocked", Conv2dProblem(N=1, C=2**31 - 1, H=1, W=1, K=1, R=1, S=1), "C =", id="blocked-C"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, p, words", INT32_PRODUCTS)
+def test_int32_products_in_kernels_are_refused(name: str, p: Conv2dProblem, words: str):
+    v = get(name)
+    reason = v.supports(v.adapt(p), smem_limit=2**31)
+    assert reason is not None and words in reason, reason
+
+
+@pytest.mark.parametrize("name", ["igemm_simt_analytic", "igemm_simt", "igemm_wmma", "igemm_mma", "blocked"])
+def test_int32_product_limits_are_tight(name: str):
+    """Just inside the new limits the variants still claim the problem."""
+    v = get(name)
+    for p in (Conv2dProblem(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1),
+              Conv2dProblem(N=1, C=1, H=46340, W=46340, K=1, R=1, S=1)):  # fmt: skip
+        assert v.supports(v.adapt(p), smem_limit=2**31) is None, (name, p.name)

@@ -37,7 +37,7 @@
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], fp32, groups = 1,
 // any stride, padding, dilation, filter size. VEC entries need C % 4 == 0 and x, w 16-byte
 // aligned; float4 stores need K % 4 == 0 and y 16-byte aligned (the harness checks pointers).
-// Offsets that grow with the tensors are 64-bit; R*S*C < 2^31 (checked in Python).
+// Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 32 and P*Q < 2^31 (checked in Python).
 #include "conv2d_common.cuh"
 
 constexpr int I_BK = 8, I_THREADS = 256;

@@ -28,7 +28,7 @@
 //
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], fp32, groups = 1.
 // Any C, K, stride, padding, dilation, filter size. Offsets that grow with the tensors are
-// 64-bit; C*R*S < 2^31 (checked in Python).
+// 64-bit; C*R*S <= 2^31 - 32 and P*Q < 2^31 (checked in Python).
 #include "conv2d_common.cuh"
 
 constexpr int A_BM = 64, A_BN = 64, A_BK = 8, A_THREADS = 256;

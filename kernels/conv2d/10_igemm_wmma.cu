@@ -54,7 +54,7 @@
 // and x, w 16-byte aligned (8 channels are one 16-byte load); the 16-byte stores need K % 8 == 0
 // and y 16-byte aligned (the harness checks pointers and picks the entry). Needs sm_80+ for the
 // bf16 entries (sm_70+ for fp16 WMMA; the harness asks for sm_80+ throughout). Offsets that grow
-// with the tensors are 64-bit; R*S*C < 2^31 (checked in Python).
+// with the tensors are 64-bit; R*S*C <= 2^31 - 32 and P*Q < 2^31 (checked in Python).
 //
 // Sources: CUDA C++ Programming Guide, "Warp Matrix Functions"; CUTLASS
 // docs/implicit_gemm_convolution.md (the GEMM view and tap-major iterators).

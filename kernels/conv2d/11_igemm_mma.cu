@@ -38,7 +38,7 @@
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
 // groups = 1, any stride, padding, dilation, filter size. vec entries need x and w 16-byte
 // aligned (the harness checks); y stores are pairs (4 bytes) where K is even. sm_80+.
-// Offsets that grow with the tensors are 64-bit; R*S*C < 2^31 (checked in Python).
+// Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 32 and P*Q < 2^31 (checked in Python).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
