@@ -220,7 +220,7 @@ def _load_all() -> None:
     """Import the modules whose import registers variants (days in curriculum order)."""
     import importlib
 
-    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm", "wmma", "mma"):
+    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm", "wmma", "mma", "pipelined"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:

@@ -1,0 +1,435 @@
+"""Day 12: ``igemm_pipelined``, tensor-core implicit GEMM with a cp.async multistage pipeline.
+
+``kernels/conv2d/12_igemm_pipelined.cu`` is day 11's mma.sync kernel (m16n8k16, ldmatrix,
+XOR-swizzled shared memory, fp32 accumulation, NHWC fp16/bf16) with four additions, each a
+parameter here:
+
+* **tile descriptions** (`TileDescription`): block tile BM x BN x BK, WGM x WGN warps, pipeline
+  stages, instruction shape. `TileDescription.reason` refuses an invalid one with the reason
+  (e.g. a warp tile that is not a multiple of the 16 x 8 instruction, more shared memory than a
+  block may have, or a description the ``.cu`` file does not instantiate);
+* **input iterators** (`ITERATORS`): ``optimized`` (C % 8 == 0: 16-byte cp.async, per-row offsets
+  and masks precomputed), ``analytic`` (any C: every element decoded with divisions) and
+  ``few_channels`` (C <= 8: GEMM-K packed across taps, one decode per 8-element chunk);
+* **threadblock swizzle** (``swizzle`` = log2 of the filter tiles visited by consecutive blocks);
+* **epilogue** D = act(alpha·conv(x, w) + beta·Cin + bias), act = identity or ReLU
+  (`helpers.check.Epilogue`; `prepare_fused` launches it).
+
+`choose` picks all three per problem (`choose_iterator`, `choose_tile`, `choose_swizzle`);
+`make_pipelined` builds a variant with any of them forced, and the registered ``igemm_pipelined``
+is the automatic one.
+
+Sources: the PTX ISA ("cp.async", "cp.async.wait_group", "mma.sync m16n8k16", "ldmatrix");
+NVIDIA CUTLASS, ``docs/implicit_gemm_convolution.md`` (analytic / optimized / few-channels
+iterators, threadblock swizzle ``GemmIdentityThreadblockSwizzle``, ``LinearCombinationRelu``
+epilogue) and ``docs/efficient_gemm.md`` (software pipelining through shared memory).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from .check import Epilogue
+from .igemm import int32_reason
+from .mma import MIN_CC
+from .problem import Conv2dProblem
+from .variants import LaunchConfig, UnsupportedProblem, Variant, _validate, register
+
+CU_FILE = "12_igemm_pipelined.cu"
+INSTRUCTION = (16, 8, 16)  # mma.sync m16n8k16: the only instruction shape of the kernel
+ITERATORS = ("analytic", "optimized", "few_channels")
+VEC_ALIGN = 16  # bytes: cp.async chunks (optimized) and the 16-byte stores of y (K % 8 == 0)
+MAX_SMEM_PER_BLOCK = 227 * 1024  # the largest opt-in of sm_80..sm_120 (H100/H200); `prepare` asks the device
+FEW_CHANNELS_MAX_C = 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class TileDescription:
+    """One configuration of the kernel: block tile ``bm`` x ``bn`` x ``bk`` (GEMM-M pixels x GEMM-N
+    filters x GEMM-K per pipeline step), ``warps_m`` x ``warps_n`` warps, ``stages`` shared-memory
+    stages, ``instruction`` the mma shape (M, N, K).
+
+    Constructing one checks nothing; `reason` says what is wrong with it, if anything.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    instruction: tuple[int, int, int] = INSTRUCTION
+
+    @classmethod
+    def parse(cls, name: str) -> TileDescription:
+        """``"128x128x32_w2x2_s4"`` -> ``TileDescription(128, 128, 32, 2, 2, 4)``.
+
+        Raises:
+            ValueError: the name does not have that form.
+        """
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)", name)
+        if not m:
+            raise ValueError(f"a tile name looks like '128x128x32_w2x2_s4' (BMxBNxBK_wWMxWN_sSTAGES); got {name!r}")
+        return cls(*map(int, m.groups()))
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        """(rows, columns) of the output one warp accumulates."""
+        return self.bm // self.warps_m, self.bn // self.warps_n
+
+    @property
+    def ring_bytes(self) -> int:
+        """The cp.async ring: ``stages`` copies of A[BM][BK] and B[BN][BK], 2-byte elements."""
+        return self.stages * (self.bm + self.bn) * self.bk * 2
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: the ring, or the output staging tile BM x (BN + 8) if larger."""
+        return max(self.ring_bytes, self.bm * (self.bn + 8) * 2)
+
+    @property
+    def accumulators_per_thread(self) -> int:
+        wm, wn = self.warp_tile
+        return wm * wn // 32
+
+    def reason(self, smem_limit: int = MAX_SMEM_PER_BLOCK) -> str | None:
+        """None if the kernel can be built and launched with this description, else why not.
+
+        The rules are the kernel's static_asserts and launch limits, then whether
+        ``12_igemm_pipelined.cu`` instantiates it (`TILES`)."""
+        im, inn, ik = INSTRUCTION
+        if tuple(self.instruction) != INSTRUCTION:
+            return f"instruction shape {self.instruction}: the kernel issues mma.sync m{im}n{inn}k{ik} only"
+        if self.bk not in (32, 64):
+            return f"BK = {self.bk}: the swizzled stage rows hold 32 or 64 elements"
+        if self.stages < 2:
+            return f"stages = {self.stages}: a pipeline needs at least 2 (one loading, one computing)"
+        if self.warps_m < 1 or self.warps_n < 1 or self.threads > 1024:
+            return f"{self.warps_m} x {self.warps_n} warps: need 1 .. 32 warps in all"
+        if self.bm % self.warps_m or self.bn % self.warps_n:
+            return f"{self.bm} x {self.bn} does not split into {self.warps_m} x {self.warps_n} warps"
+        wm, wn = self.warp_tile
+        if wm % im or wn % (2 * inn):
+            return (
+                f"warp tile {wm} x {wn}: rows must be a multiple of {im} and columns of {2 * inn} "
+                "(one ldmatrix.x4 loads two 8-column B fragments)"
+            )
+        chunks_per_row = self.bk // 8
+        rows_per_pass = self.threads // chunks_per_row
+        if self.threads % chunks_per_row or self.bm % rows_per_pass or self.bn % rows_per_pass:
+            return (
+                f"{self.threads} threads move {rows_per_pass} rows of 16-byte chunks per pass; "
+                f"BM = {self.bm} and BN = {self.bn} must be multiples of it"
+            )
+        if self.accumulators_per_thread > 128:
+            return (
+                f"{self.accumulators_per_thread} fp32 accumulators per thread (warp tile {wm} x {wn}): over 128 "
+                "they spill out of the 255 registers"
+            )
+        if self.shared_bytes > smem_limit:
+            return f"needs {self.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
+        if self.name not in TILES:
+            return f"{CU_FILE} has no entry point for {self.name}; instantiated: {', '.join(TILES)}"
+        return None
+
+
+def _instantiated() -> dict[str, tuple[str, ...]]:
+    """{tile name: iterators} from the ``PIPE_ENTRY(...)`` lines of the ``.cu`` file (the one list)."""
+    from .compile import kernel_path
+
+    out: dict[str, list[str]] = {}
+    pat = re.compile(r"^PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
+    for bm, bn, bk, wm, wn, st, it in pat.findall(kernel_path(CU_FILE).read_text()):
+        out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}", []).append(it)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+INSTANTIATED = _instantiated()
+TILES = tuple(INSTANTIATED)
+
+
+def iterator_reason(p: Conv2dProblem, iterator: str) -> str | None:
+    """None if ``iterator`` handles ``p``'s channel count, else why not."""
+    if iterator not in ITERATORS:
+        return f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}"
+    if iterator == "optimized" and p.C % 8:
+        return f"the optimized iterator loads 8 channels (16 bytes) at a time: needs C % 8 == 0; got C = {p.C}"
+    if iterator == "few_channels" and p.C > FEW_CHANNELS_MAX_C:
+        return f"the few_channels iterator is for C <= {FEW_CHANNELS_MAX_C}; got C = {p.C}"
+    return None
+
+
+def choose_iterator(p: Conv2dProblem) -> str:
+    """``optimized`` if C % 8 == 0, ``few_channels`` if C < 8, else ``analytic``."""
+    if p.C % 8 == 0:
+        return "optimized"
+    return "few_channels" if p.C <= FEW_CHANNELS_MAX_C else "analytic"
+
+
+def tiles_for(iterator: str) -> tuple[TileDescription, ...]:
+    """The tile descriptions instantiated with ``iterator``."""
+    return tuple(TileDescription.parse(t) for t, its in INSTANTIATED.items() if iterator in its)
+
+
+def blocks(p: Conv2dProblem, t: TileDescription) -> int:
+    """Output tiles of ``p`` under ``t``: ceil(GEMM-M / BM) * ceil(K / BN)."""
+    return _cdiv(p.gemm.m, t.bm) * _cdiv(p.K, t.bn)
+
+
+# The tile rule (see `choose_tile`), from day 12's sweep of the 8 optimized tiles over the 38
+# ResNet-50 layers (N = 32 and 256) on the H200: 128 x 128 x 32 with 4 warps of 64 x 64 and 4
+# stages won where it makes enough tiles; 64 x 64 (4 warps of 32 x 32, ~4 blocks per SM) won
+# on K = 64 (a 128-wide tile is half empty) and wherever 128 x 128 makes fewer than ~1.2 waves
+# of 132 SMs. The rule reached 0.593x / 0.454x cuDNN (geomean, N = 32 / 256) where the best tile
+# per layer reached 0.598x / 0.462x.
+MIN_BLOCKS = 160
+
+
+def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescription:
+    """The tile description ``igemm_pipelined`` runs for ``p``.
+
+    ``analytic``/``few_channels``: 128 x 64 x 32 (4 warps of 64 x 32) if that makes `MIN_BLOCKS`
+    tiles, else 64 x 64 x 32. ``optimized``: 128 x 128 x 32, 4 warps of 64 x 64, 4 stages when
+    K > 64 and that makes at least `MIN_BLOCKS` tiles; else 64 x 64 x 32, 4 warps of 32 x 32,
+    4 stages.
+    """
+    it = iterator or choose_iterator(p)
+    big = TileDescription.parse("128x64x32_w2x2_s4" if it != "optimized" else "128x128x32_w2x2_s4")
+    if (it != "optimized" or p.K > 64) and blocks(p, big) >= MIN_BLOCKS:
+        return big
+    return TileDescription.parse("64x64x32_w2x2_s4")
+
+
+def choose_swizzle(p: Conv2dProblem, tile: TileDescription) -> int:
+    """log2 of the filter tiles that consecutive blocks visit: 0 (no swizzle) for one filter
+    tile, else 1 for two and 2 for more (4 filter tiles per A tile, CUTLASS's common choice)."""
+    n_tiles = _cdiv(p.K, tile.bn)
+    return 0 if n_tiles == 1 else 1 if n_tiles == 2 else 2
+
+
+@dataclass(frozen=True)
+class PipelinedConfig:
+    """What one launch runs: a tile description, an iterator and a swizzle (log2)."""
+
+    tile: TileDescription
+    iterator: str
+    swizzle: int
+
+    def entry(self, dtype: str) -> str:
+        return f"igemm_pipelined_{self.tile.name}_{self.iterator}_{dtype}"
+
+    def launch(self, p: Conv2dProblem) -> LaunchConfig:
+        """grid (ceil(M/BM) << swizzle, ceil(ceil(K/BN) / 2^swizzle)), block (32·warps)."""
+        t, lg = self.tile, self.swizzle
+        m_tiles, n_tiles = _cdiv(p.gemm.m, t.bm), _cdiv(p.K, t.bn)
+        return LaunchConfig(grid=(m_tiles << lg, _cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
+                            shared_bytes=t.shared_bytes)  # fmt: skip
+
+
+def choose(
+    p: Conv2dProblem, tile: TileDescription | str | None = None, iterator: str | None = None, swizzle: int | None = None
+) -> PipelinedConfig:
+    """The configuration for ``p``: each of ``tile`` (a `TileDescription` or its name),
+    ``iterator`` and ``swizzle`` left None is chosen by `choose_tile`, `choose_iterator`,
+    `choose_swizzle`. Nothing is validated here (see `config_reason`)."""
+    it = iterator or choose_iterator(p)
+    t = TileDescription.parse(tile) if isinstance(tile, str) else tile or choose_tile(p, it)
+    sw = choose_swizzle(p, t) if swizzle is None else swizzle
+    return PipelinedConfig(t, it, sw)
+
+
+def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
+    """None if ``cfg`` runs ``p``, else why not (tile, iterator, swizzle, 32-bit limits)."""
+    if p.groups != 1:
+        return f"needs groups=1; got {p.groups}"
+    reason = int32_reason(p)
+    if reason:
+        return reason
+    reason = cfg.tile.reason(smem_limit=2**31)  # the device's limit is checked in `Variant.supports`
+    if reason:
+        return f"tile {cfg.tile.name}: {reason}"
+    reason = iterator_reason(p, cfg.iterator)
+    if reason:
+        return reason
+    if cfg.iterator not in INSTANTIATED[cfg.tile.name]:
+        return (
+            f"tile {cfg.tile.name} is not instantiated with the {cfg.iterator} iterator; "
+            f"it is with: {', '.join(INSTANTIATED[cfg.tile.name])}"
+        )
+    if not 0 <= cfg.swizzle <= 4:
+        return f"swizzle = {cfg.swizzle}: log2 of the filter tiles per A tile, 0 .. 4"
+    return None
+
+
+def pipelined_args(p: Conv2dProblem, cfg: PipelinedConfig, epilogue: Epilogue = Epilogue(), cin: int = 0,
+                   bias: int = 0) -> tuple:  # fmt: skip
+    """The scalars after x, w, y: N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw (int32), the
+    Cin and bias pointers (0 for none), alpha, beta (float32), relu, swizzle (int32)."""
+    ints = (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation)
+    return (*(np.int32(v) for v in ints), np.uintp(cin), np.uintp(bias), np.float32(epilogue.alpha),
+            np.float32(epilogue.beta), np.int32(epilogue.relu), np.int32(cfg.swizzle))  # fmt: skip
+
+
+def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: PipelinedConfig) -> np.ndarray:
+    """Writes per element of Y[m][k] (NHWC, flat) of the launch: block (bx, by) computes output tile
+    (bx >> s, (by << s) + (bx & (2^s - 1))) and writes its rows < M, columns < K once; blocks past
+    the last filter tile write nothing."""
+    t, lg = cfg.tile, cfg.swizzle
+    bx = np.arange(launch.grid[0])[:, None]
+    by = np.arange(launch.grid[1])[None, :]
+    tm = np.broadcast_to(bx >> lg, (launch.grid[0], launch.grid[1])).ravel()
+    tn = ((by << lg) + (bx & ((1 << lg) - 1))).ravel()
+    keep = tn * t.bn < p.K
+    counts = np.zeros((_cdiv(p.gemm.m, t.bm), _cdiv(p.K, t.bn)), dtype=np.int64)
+    np.add.at(counts, (tm[keep], tn[keep]), 1)
+    full = np.repeat(np.repeat(counts, t.bm, axis=0), t.bn, axis=1)
+    return full[: p.gemm.m, : p.K].ravel()
+
+
+def tensor_check(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, cfg: PipelinedConfig
+                 ) -> str | None:  # fmt: skip
+    """sm_80+; x and w 16-byte aligned for the optimized iterator (cp.async of 16 bytes); y
+    16-byte aligned when K % 8 == 0 (16-byte stores). None or the reason."""
+    if x.is_cuda:
+        cc = torch.cuda.get_device_capability(x.device)
+        if cc < MIN_CC:
+            return f"needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]}+ (cp.async, ldmatrix); this one is {cc[0]}.{cc[1]}"
+    need = [("x", x), ("w", w)] if cfg.iterator == "optimized" else []
+    if y is not None and p.K % 8 == 0:
+        need.append(("y", y))
+    for nm, t in need:
+        if t.data_ptr() % VEC_ALIGN:
+            return f"{nm}.data_ptr() is not {VEC_ALIGN}-byte aligned (a view with a storage offset?): pass {nm}.clone()"
+    return None
+
+
+def make_pipelined(
+    name: str = "igemm_pipelined",
+    tile: TileDescription | str | None = None,
+    iterator: str | None = None,
+    swizzle: int | None = None,
+) -> Variant:
+    """A day-12 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
+
+    Raises:
+        ValueError: a forced tile that is invalid or not instantiated (the reason says which), or
+            an unknown iterator. Problems the forced choice cannot run are refused per problem
+            by `Variant.supports`, with the reason.
+    """
+    if tile is not None:
+        t = TileDescription.parse(tile) if isinstance(tile, str) else tile
+        reason = t.reason()
+        if reason:
+            raise ValueError(f"tile {t.name}: {reason}")
+        tile = t
+    if iterator is not None and iterator not in ITERATORS:
+        raise ValueError(f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}")
+    if swizzle is not None and not 0 <= swizzle <= 4:
+        raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
+    pick: Callable[[Conv2dProblem], PipelinedConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
+    forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
+                       (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)  # fmt: skip
+    return Variant(
+        name=name,
+        day=12,
+        cu_file=CU_FILE,
+        entry="igemm_pipelined_128x128x32_w2x2_s4_optimized_fp16",
+        entry_fn=lambda p: pick(p).entry(p.dtype),
+        summary="tensor cores: cp.async multistage pipeline, tile descriptions, iterators, swizzle, fused epilogue"
+        + (f" ({forced})" if forced else ""),
+        supports_fn=lambda p: config_reason(p, pick(p)),
+        launch_fn=lambda p: pick(p).launch(p),
+        args_fn=lambda p: pipelined_args(p, pick(p)),
+        covers_fn=lambda p, launch: covers(p, launch, pick(p)),
+        dtypes=("fp16", "bf16"),
+        layouts=("NHWC",),
+        accum="fp32",
+        tensor_check_fn=lambda p, x, w, y: tensor_check(p, x, w, y, pick(p)),
+    )
+
+
+register(make_pipelined())
+
+
+def _check_operand(nm: str, t, shape: tuple, ref: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{nm} must be a torch.Tensor or None; got {type(t).__name__}")
+    if t.dtype != ref.dtype or tuple(t.shape) != shape or not t.is_contiguous() or t.device != ref.device:
+        raise ValueError(
+            f"{nm} must be a contiguous {ref.dtype} tensor of shape {shape} on {ref.device}; "
+            f"got {t.dtype} {tuple(t.shape)} on {t.device}{'' if t.is_contiguous() else ', not contiguous'}"
+        )
+
+
+def prepare_fused(
+    problem: Conv2dProblem,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    cin: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    epilogue: Epilogue = Epilogue(),
+    y: torch.Tensor | None = None,
+    variant: Variant | str = "igemm_pipelined",
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """Validate, compile and return ``(launch, y)`` for D = act(alpha·conv(x, w) + beta·cin + bias).
+
+    Shapes and layouts: x NHWC ``problem.x_shape``, w KRSC, y and ``cin`` NHWC ``problem.y_shape``
+    (``cin`` may be ``y`` itself: an in-place residual add), ``bias`` (K,); all of the problem's
+    dtype (fp16 or bf16), contiguous, on x's GPU. The epilogue runs in fp32 on the fp32
+    accumulators and rounds once. ``cin`` is read only when ``epilogue.beta != 0``.
+
+    Raises:
+        everything `helpers.variants.prepare` raises, before any launch; TypeError/ValueError
+        for a ``cin`` or ``bias`` of the wrong type, dtype, shape, layout or device; ValueError
+        if ``epilogue.beta != 0`` without ``cin``.
+    """
+    from . import variants as hv
+    from .compile import load_kernel
+
+    v = hv.get(variant)
+    if v.cu_file != CU_FILE:
+        raise ValueError(f"prepare_fused runs day 12's kernel; {v.name} is {v.cu_file}")
+    _validate(v, problem, x, w, y)
+    if cin is not None:
+        _check_operand("cin", cin, problem.y_shape, x)
+    if bias is not None:
+        _check_operand("bias", bias, (problem.K,), x)
+    if epilogue.beta != 0 and cin is None:
+        raise ValueError(f"epilogue beta = {epilogue.beta} needs cin (the tensor it scales)")
+    if y is None:
+        y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
+    cfg = v.launch(problem)
+    k = load_kernel(v.cu_file, v.entry_for(problem), v.defines, dynamic_smem=cfg.shared_bytes)
+    if cfg.threads_per_block > k.max_threads_per_block:
+        raise UnsupportedProblem(f"{v.name}: block of {cfg.threads_per_block} threads, this build allows "
+                                 f"{k.max_threads_per_block}")  # fmt: skip
+    scalars = list(v.args_fn(problem))
+    scalars[15] = np.uintp(cin.data_ptr() if cin is not None else 0)
+    scalars[16] = np.uintp(bias.data_ptr() if bias is not None else 0)
+    scalars[17], scalars[18], scalars[19] = np.float32(epilogue.alpha), np.float32(epilogue.beta), np.int32(epilogue.relu)
+    args = (np.uintp(x.data_ptr()), np.uintp(w.data_ptr()), np.uintp(y.data_ptr()), *scalars)
+    fn = k.function
+
+    def launch() -> None:
+        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
+
+    return launch, y
+

@@ -1,0 +1,457 @@
+// Day 12 - igemm_pipelined: day 11's mma.sync implicit GEMM, fed by a cp.async multistage pipeline,
+// with named tile descriptions, three input iterators, a threadblock swizzle and a fused epilogue.
+// NHWC, fp16/bf16 in and out, fp32 accumulation.
+//
+// What changed since day 11:
+// 1. cp.async multistage pipeline. Day 11 staged the next step's loads in registers and stored
+//    them to shared memory after the math (double buffering). Here global memory is copied
+//    straight into shared memory by cp.async.cg (16 bytes, L1 bypassed), STAGES - 1 steps ahead
+//    of the math, in a ring of STAGES shared stages:
+//        prologue: issue steps 0 .. STAGES-2, one commit group each
+//        step t:   wait until step t's group has landed (cp.async.wait_group STAGES-2);
+//                  __syncthreads();  issue step t + STAGES - 1 into slot (t - 1) % STAGES;
+//                  mma.sync on slot t % STAGES
+//    The slot refilled at step t is the one every warp finished at step t - 1 (the barrier
+//    proves it), so one barrier per step suffices. Where registers allow (warp tiles of at most
+//    64 x 32), warp fragments are double-buffered too: ldmatrix for slice kk + 1 of GEMM-K
+//    issues before the mma.sync of slice kk (CUTLASS's multistage mainloop). Padding and out-of-range rows or channels
+//    are zero-filled by cp.async itself: src-size 0 writes 16 zero bytes and reads nothing.
+// 2. Tile descriptions as template parameters: block tile BM x BN x BK, WGM x WGN warps (warp
+//    tile BM/WGM x BN/WGN of 16 x 8 mma tiles), STAGES; the instruction is m16n8k16. One entry
+//    point per instantiated description (PIPE_ENTRIES below; helpers/pipelined.py names them
+//    and refuses the invalid ones with a reason before any launch).
+// 3. Input iterators (ITER), i.e. how a thread finds the 8 GEMM-K elements of its A chunks:
+//    OPTIMIZED    (C % 8 == 0) tap-major walk (day 09/11's vec path): per step one filter tap
+//                 (r, s) and BK channels; per-row base pointers and (h, w) origins precomputed
+//                 once, so a step costs an add and four compares per chunk; 16-byte cp.async
+//                 with zero-fill.
+//    ANALYTIC     (any C) GEMM-K in flat steps of BK; each element decodes (r, s, c) from its
+//                 GEMM-K index with divisions and is loaded alone (2 bytes, so no cp.async: the
+//                 loads go through registers, issued before the math, stored after it).
+//    FEW_CHANNELS (C <= 8, first layers such as C = 3) GEMM-K packed as ANALYTIC (no padding of
+//                 each tap up to BK, which would multiply the work of a C = 3 layer by ~10),
+//                 but a chunk's 8 elements are decoded with one division per chunk, then
+//                 incremented (c, s, r) like an odometer.
+//    B (the KRSC filter) follows the same walk: 16-byte cp.async for OPTIMIZED, element loads
+//    of the contiguous row w[k][kg] otherwise.
+// 4. Threadblock swizzle (CUTLASS's GemmIdentityThreadblockSwizzle): with LOG = swz_log,
+//        tile_m = blockIdx.x >> LOG,   tile_n = (blockIdx.y << LOG) + (blockIdx.x & (2^LOG - 1))
+//    so 2^LOG consecutive blocks share one A tile (the same pixels) across 2^LOG filter tiles,
+//    and a wave of resident blocks reads each A tile from DRAM once rather than once per filter
+//    tile. Grid (ceil(M/BM) << LOG, ceil(ceil(K/BN) / 2^LOG)); blocks past the last filter tile
+//    return at once.
+// 5. Epilogue D = act(alpha * conv(x, w) + beta * Cin + bias), act = identity or ReLU, in fp32
+//    on the accumulators, rounded once to the output dtype; then staged through shared memory
+//    so each thread stores whole 16-byte runs of 8 channels. Cin has y's shape and may be y
+//    itself (in place: every element is read by the thread that computes it, before the
+//    barrier that precedes the stores). bias has K elements. Both optional (nullptr).
+//
+// Mapping (per block, THREADS = 32 * WGM * WGN):
+//   warp = tid / 32, wm = warp / WGN, wn = warp % WGN, lane = tid % 32
+//   accumulator rows m0 + WTM*wm + 16*i + {lane/4, lane/4 + 8}, cols k0 + WTN*wn + 8*j + 2*(lane%4) + {0,1}
+//   loads: chunk (row = tid / (BK/8) + (THREADS / (BK/8)) * u, ch = tid % (BK/8)) of A and of B
+// Shared memory: STAGES * (BM + BN) * BK * 2 bytes for the ring; the output staging tile
+//   BM * (BN + 8) * 2 bytes reuses it (dynamic shared memory = the larger of the two).
+// Shared layout: a stage row is BK halves; 16-byte chunk ch of row r sits at chunk
+//   ch ^ ((r >> 1) & 3) for BK = 32 (day 11's swizzle), ch ^ (r & 7) for BK = 64: ldmatrix and
+//   the cp.async stores are conflict-free.
+//
+// Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
+// groups = 1, any stride/padding/dilation/filter. OPTIMIZED needs x and w 16-byte aligned; y is
+// stored 16 bytes at a time when K % 8 == 0 (16-byte aligned y), element by element otherwise.
+// Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 64 and P*Q < 2^31 (Python checks).
+// sm_80+ (cp.async, ldmatrix, bf16 mma.sync).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "conv2d_common.cuh"
+
+
+enum Iterator { ANALYTIC = 0, OPTIMIZED = 1, FEW_CHANNELS = 2 };
+
+typedef unsigned short u16;  // one fp16/bf16 element, moved as raw bits
+
+// Offset (in halves) of 16-byte chunk ch of row r in a [rows][BK] stage, XOR-swizzled.
+template <int BK>
+__device__ __forceinline__ int swz(int r, int ch) {
+    static_assert(BK == 32 || BK == 64, "BK is 32 or 64");
+    if constexpr (BK == 32) return r * 32 + ((ch ^ ((r >> 1) & 3)) << 3);
+    else return r * 64 + ((ch ^ (r & 7)) << 3);
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// 16-byte global -> shared copy; with valid == false nothing is read and 16 zero bytes are
+// written (src-size 0), which is how padding and out-of-range rows become zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N_>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N_));
+}
+
+template <bool BF16>
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+template <bool BF16>
+__device__ __forceinline__ float to_f32(u16 v) {
+    if constexpr (BF16) return __bfloat162float(__ushort_as_bfloat16(v));
+    else return __half2float(__ushort_as_half(v));
+}
+
+template <bool BF16>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    if constexpr (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<unsigned*>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<unsigned*>(&v);
+    }
+}
+
+struct Conv {
+    int N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw;
+};
+
+template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int ITER, bool BF16>
+__device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
+                                                const u16* cin, const u16* __restrict__ bias, const Conv cv,
+                                                float alpha, float beta, int relu, int swz_log) {
+    constexpr int THREADS = 32 * WGM * WGN, WTM = BM / WGM, WTN = BN / WGN, MI = WTM / 16, NJ = WTN / 8;
+    constexpr int CPRW = BK / 8;             // 16-byte chunks per stage row
+    constexpr int ROWSTEP = THREADS / CPRW;  // rows one pass of the block covers
+    constexpr int A_PER = BM / ROWSTEP, B_PER = BN / ROWSTEP;  // chunks per thread per stage
+    static_assert(THREADS % CPRW == 0 && BM % ROWSTEP == 0 && BN % ROWSTEP == 0, "loader shape");
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && STAGES >= 2, "warp tile / stages");
+    constexpr bool ASYNC = ITER == OPTIMIZED;  // cp.async; the others stage loads in registers
+
+    extern __shared__ __align__(128) u16 smem[];
+    u16* sa = smem;                     // [STAGES][BM * BK]
+    u16* sb = smem + STAGES * BM * BK;  // [STAGES][BN * BK]
+
+    // Threadblock swizzle: which output tile this block computes.
+    const int tile_m = blockIdx.x >> swz_log;
+    const int tile_n = (blockIdx.y << swz_log) + (blockIdx.x & ((1 << swz_log) - 1));
+    if (tile_n * BN >= cv.K) return;  // past the last filter tile (whole block: before any barrier)
+
+    const int C = cv.C, H = cv.H, W = cv.W, K = cv.K, S = cv.S;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / WGN, wn = warp % WGN;
+    const idx_t M = (idx_t)cv.N * cv.P * cv.Q;
+    const int KG = cv.R * S * C;
+    const idx_t m0 = (idx_t)tile_m * BM;
+    const int k0 = tile_n * BN;
+    const int ch = tid % CPRW, row0 = tid / CPRW;
+
+    // Per A chunk row: its pixel's input origin (h0, w0) and image base pointer.
+    int h0[A_PER], w0[A_PER];
+    const u16* xn[A_PER];
+    const u16* xo[A_PER];
+    bool a_row[A_PER];
+#pragma unroll
+    for (int u = 0; u < A_PER; ++u) {
+        const idx_t m = m0 + row0 + ROWSTEP * u;
+        a_row[u] = m < M;
+        const idx_t PQ = (idx_t)cv.P * cv.Q;
+        const int n = a_row[u] ? (int)(m / PQ) : 0, pq = a_row[u] ? (int)(m % PQ) : 0;
+        h0[u] = (pq / cv.Q) * cv.sh - cv.ph;
+        w0[u] = (pq % cv.Q) * cv.sw - cv.pw;
+        xn[u] = x + (idx_t)n * H * W * C;  // image base (ANALYTIC / FEW_CHANNELS)
+        xo[u] = xn[u] + ((idx_t)h0[u] * W + w0[u]) * C;  // the pixel's tap (0, 0), maybe outside: read only when in
+    }
+    // Per B chunk row u: filter row k0 + row0 + ROWSTEP * u, at wk + u * ROWSTEP * KG (one pointer).
+    const u16* wk = w + (idx_t)(k0 + row0) * KG;
+    bool b_row[B_PER];
+#pragma unroll
+    for (int u = 0; u < B_PER; ++u) b_row[u] = k0 + row0 + ROWSTEP * u < K;
+
+    // ---- iterators ------------------------------------------------------------------------
+    // OPTIMIZED: step = (tap r, s; channels c0 .. c0 + BK), advanced after each load.
+    int r = 0, s = 0, c0 = 0;
+    const int steps = ASYNC ? cv.R * S * CEIL_DIV(C, BK) : CEIL_DIV(KG, BK);
+    auto load_async = [&](int slot) {
+        const int c = c0 + 8 * ch;
+        const bool c_in = c < C;
+        const int dy = r * cv.dh, dx = s * cv.dw;
+        const idx_t tap_off = ((idx_t)dy * W + dx) * C + c;  // the same for every row: once per step
+        u16* da = sa + slot * BM * BK;
+        u16* db = sb + slot * BN * BK;
+#pragma unroll
+        for (int u = 0; u < A_PER; ++u) {
+            const int h = h0[u] + dy, ww = w0[u] + dx;
+            const bool in = a_row[u] && c_in && h >= 0 && h < H && ww >= 0 && ww < W;
+            const u16* src = in ? xo[u] + tap_off : x;
+            cp_async16(da + swz<BK>(row0 + ROWSTEP * u, ch), src, in);
+        }
+        const int tap = (r * S + s) * C + c;
+#pragma unroll
+        for (int u = 0; u < B_PER; ++u) {
+            const bool in = b_row[u] && c_in;
+            cp_async16(db + swz<BK>(row0 + ROWSTEP * u, ch), in ? wk + (idx_t)ROWSTEP * u * KG + tap : w, in);
+        }
+        c0 += BK;
+        if (c0 >= C) {
+            c0 = 0;
+            if (++s == S) {
+                s = 0;
+                ++r;
+            }
+        }
+    };
+    // ANALYTIC / FEW_CHANNELS: step t covers GEMM-K indices t*BK .. t*BK + BK - 1 (packed), each
+    // thread the 8 of its chunk; fetched into registers (ra, rb), stored after the math.
+    u16 ra[A_PER][8], rb[B_PER][8];
+    auto fetch = [&](int t) {
+        const int kg0 = t * BK + 8 * ch;
+        int c = 0, ss = 0, rr = 0;
+        if constexpr (ITER == FEW_CHANNELS) {  // one decode per chunk, then an odometer
+            const int tap = kg0 / C;
+            c = kg0 - tap * C;
+            rr = tap / S;
+            ss = tap - rr * S;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int kg = kg0 + e;
+            if constexpr (ITER == ANALYTIC) {  // every element decoded from scratch
+                c = kg % C;
+                ss = (kg / C) % S;
+                rr = kg / (S * C);
+            }
+            const bool k_in = kg < KG;
+            const int dy = rr * cv.dh, dx = ss * cv.dw;
+#pragma unroll
+            for (int u = 0; u < A_PER; ++u) {
+                const int h = h0[u] + dy, ww = w0[u] + dx;
+                const bool in = a_row[u] && k_in && h >= 0 && h < H && ww >= 0 && ww < W;
+                ra[u][e] = in ? xn[u][((idx_t)h * W + ww) * C + c] : (u16)0;
+            }
+#pragma unroll
+            for (int u = 0; u < B_PER; ++u) rb[u][e] = (b_row[u] && k_in) ? wk[(idx_t)ROWSTEP * u * KG + kg] : (u16)0;
+            if constexpr (ITER == FEW_CHANNELS) {
+                if (++c == C) {
+                    c = 0;
+                    if (++ss == S) {
+                        ss = 0;
+                        ++rr;
+                    }
+                }
+            }
+        }
+    };
+    auto store = [&](int slot) {
+        u16* da = sa + slot * BM * BK;
+        u16* db = sb + slot * BN * BK;
+#pragma unroll
+        for (int u = 0; u < A_PER; ++u) {
+            uint4 v;
+            v.x = ra[u][0] | ((unsigned)ra[u][1] << 16); v.y = ra[u][2] | ((unsigned)ra[u][3] << 16);
+            v.z = ra[u][4] | ((unsigned)ra[u][5] << 16); v.w = ra[u][6] | ((unsigned)ra[u][7] << 16);
+            *reinterpret_cast<uint4*>(da + swz<BK>(row0 + ROWSTEP * u, ch)) = v;
+        }
+#pragma unroll
+        for (int u = 0; u < B_PER; ++u) {
+            uint4 v;
+            v.x = rb[u][0] | ((unsigned)rb[u][1] << 16); v.y = rb[u][2] | ((unsigned)rb[u][3] << 16);
+            v.z = rb[u][4] | ((unsigned)rb[u][5] << 16); v.w = rb[u][6] | ((unsigned)rb[u][7] << 16);
+            *reinterpret_cast<uint4*>(db + swz<BK>(row0 + ROWSTEP * u, ch)) = v;
+        }
+    };
+
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    // ---- the pipeline ---------------------------------------------------------------------
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < steps) {
+            if constexpr (ASYNC) {
+                load_async(st);
+            } else {
+                fetch(st);
+                store(st);
+            }
+        }
+        cp_commit();  // one group per step, empty ones included, so wait_group counts steps
+    }
+    // Warp fragments of one kk slice (16 of GEMM-K) of a stage: MI A fragments, NJ B fragments.
+    auto load_frags = [&](unsigned (&af)[MI][4], unsigned (&bf)[NJ][2], int slot, int kk) {
+        const u16* ca = sa + slot * BM * BK;
+        const u16* cb = sb + slot * BN * BK;
+#pragma unroll
+        for (int i = 0; i < MI; ++i) ldsm_x4(af[i], ca + swz<BK>(WTM * wm + 16 * i + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+        for (int j2 = 0; j2 < NJ / 2; ++j2) {  // one ldmatrix.x4 = two 16(k) x 8(n) B fragments
+            unsigned q[4];
+            ldsm_x4(q, cb + swz<BK>(WTN * wn + 16 * j2 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+            bf[2 * j2][0] = q[0];
+            bf[2 * j2][1] = q[1];
+            bf[2 * j2 + 1][0] = q[2];
+            bf[2 * j2 + 1][1] = q[3];
+        }
+    };
+    auto mma_all = [&](const unsigned (&af)[MI][4], const unsigned (&bf)[NJ][2]) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) mma16816<BF16>(acc[i][j], af[i], bf[j][0], bf[j][1]);
+    };
+    constexpr int KK = BK / 16;
+    // Fragment double buffering needs a second set of fragments in registers: it pays where the
+    // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32); with 64 x 64
+    // warp tiles (128 accumulators) the extra 32 registers spill, so those run the plain loop.
+    constexpr bool FRAG_DB = ASYNC && MI * NJ * 4 <= 64;
+    if constexpr (FRAG_DB) {
+        // CUTLASS's multistage mainloop: the fragments of slice kk + 1 are read from shared memory
+        // while the mma.sync of slice kk run; the wait and barrier for step t + 1 come before the
+        // last slice's mma, so step t + 1's first fragments load under them too.
+        unsigned af[2][MI][4], bf[2][NJ][2];
+        cp_wait<STAGES - 2>();
+        __syncthreads();
+        if (steps > 0) load_frags(af[0], bf[0], 0, 0);
+        for (int t = 0; t < steps; ++t) {
+            const int next = t + STAGES - 1;  // its slot (t - 1) % STAGES: every warp left it before the last barrier
+            if (next < steps) load_async(next % STAGES);
+            cp_commit();
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) {
+                if (kk == KK - 1) {
+                    cp_wait<STAGES - 2>();  // step t + 1 has landed ...
+                    __syncthreads();        // ... for everyone, and everyone has its last fragments of step t
+                }
+                if (kk < KK - 1) load_frags(af[(kk + 1) % 2], bf[(kk + 1) % 2], t % STAGES, kk + 1);
+                else if (t + 1 < steps) load_frags(af[(kk + 1) % 2], bf[(kk + 1) % 2], (t + 1) % STAGES, 0);
+                mma_all(af[kk % 2], bf[kk % 2]);
+            }
+        }
+    } else {
+        for (int t = 0; t < steps; ++t) {
+            cp_wait<STAGES - 2>();  // this thread's copies of step t have landed ...
+            __syncthreads();        // ... and everyone's; slot (t - 1) % STAGES is free again
+            const int next = t + STAGES - 1;
+            if (next < steps) {
+                if constexpr (ASYNC) load_async(next % STAGES);
+                else fetch(next);  // global loads in flight during the math below
+            }
+            cp_commit();
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) {
+                unsigned af[MI][4], bf[NJ][2];
+                load_frags(af, bf, t % STAGES, kk);
+                mma_all(af, bf);
+            }
+            if constexpr (!ASYNC) {
+                if (next < steps) store(next % STAGES);
+            }
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();  // every warp is done with the ring: reuse it for the output tile
+
+    // ---- epilogue: D = act(alpha * acc + beta * Cin + bias), staged as so[BM][BN + 8] --------
+    constexpr int SOW = BN + 8;  // +8 halves: the pair stores of a warp hit distinct banks
+    u16* so = smem;
+    const bool with_c = cin != nullptr && beta != 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        const int col = WTN * wn + 8 * j + 2 * (lane % 4), k = k0 + col;
+        const float b0 = (bias != nullptr && k < K) ? to_f32<BF16>(bias[k]) : 0.0f;
+        const float b1 = (bias != nullptr && k + 1 < K) ? to_f32<BF16>(bias[k + 1]) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int row = WTM * wm + 16 * i + lane / 4 + 8 * hf;
+                float v0 = alpha * acc[i][j][2 * hf] + b0, v1 = alpha * acc[i][j][2 * hf + 1] + b1;
+                const idx_t m = m0 + row;
+                if (with_c && m < M) {
+                    if (k < K) v0 += beta * to_f32<BF16>(cin[m * K + k]);
+                    if (k + 1 < K) v1 += beta * to_f32<BF16>(cin[m * K + k + 1]);
+                }
+                if (relu) {
+                    v0 = fmaxf(v0, 0.0f);
+                    v1 = fmaxf(v1, 0.0f);
+                }
+                *reinterpret_cast<unsigned*>(so + row * SOW + col) = pack2<BF16>(v0, v1);
+            }
+    }
+    __syncthreads();
+    const bool vec = K % 8 == 0;
+    constexpr int CPR = BN / 8;  // 16-byte chunks per output row
+#pragma unroll 4
+    for (int idx = tid; idx < BM * CPR; idx += THREADS) {
+        const int row = idx / CPR, cc = idx % CPR;
+        const idx_t m = m0 + row;
+        const int k = k0 + 8 * cc;
+        if (m >= M || k >= K) continue;
+        u16* dst = y + m * K + k;
+        const u16* src = so + row * SOW + 8 * cc;
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < 8 && k + e < K; ++e) dst[e] = src[e];
+        }
+    }
+}
+
+// One entry point per (tile description, iterator, dtype):
+//   igemm_pipelined_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_<iterator>_<fp16|bf16>
+// Arguments: x, w, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, cin, bias, alpha, beta,
+// relu, swz_log. THREADS = 32 * WGM * WGN.
+#define PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, BF16, DT)                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, 1)                                            \
+        igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_##ITNAME##_##DT(                        \
+            const u16* __restrict__ x, const u16* __restrict__ w, u16* y, int N, int C, int H, int W, int K,  \
+            int R, int S, int P, int Q, int sh, int sw, int ph, int pw, int dh, int dw, const u16* cin,        \
+            const u16* __restrict__ bias, float alpha, float beta, int relu, int swz_log) {                    \
+        igemm_pipelined<BM, BN, BK, WGM, WGN, ST, ITER, BF16>(                                                 \
+            x, w, y, cin, bias, Conv{N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw}, alpha, beta, relu,   \
+            swz_log);                                                                                          \
+    }
+#define PIPE_ENTRY(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME)               \
+    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, false, fp16) \
+    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, true, bf16)
+
+// PIPE_ENTRIES (helpers/pipelined.py reads this list; keep one entry per line)
+PIPE_ENTRY(128, 128, 32, 2, 2, 4, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 256, 32, 2, 4, 3, OPTIMIZED, optimized)
+PIPE_ENTRY(256, 128, 32, 4, 2, 3, OPTIMIZED, optimized)
+PIPE_ENTRY(256, 64, 32, 4, 2, 4, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, OPTIMIZED, optimized)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 32, 2, 4, 4, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 32, 2, 2, 3, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, ANALYTIC, analytic)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, ANALYTIC, analytic)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, FEW_CHANNELS, few_channels)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, FEW_CHANNELS, few_channels)
