@@ -319,7 +319,12 @@ def check_epilogue(
     plus one fp32 rounding per epilogue operation and the final rounding; ReLU cannot increase
     an error), on a relative L2 error over `rel_l2_limit`, on a non-bitwise repeat, and with
     ``kind="int"`` (and integer alpha, beta) on any difference from the reference.
+
+    Raises:
+        ValueError: ``in_place`` without ``with_cin``; whatever ``prepare_fn`` raises.
     """
+    if in_place and not with_cin:
+        raise ValueError("in_place=True passes y as Cin: it needs with_cin=True")
     x, w = problem.make_inputs(device="cuda", kind=kind, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     dt = problem.torch_dtype

@@ -279,7 +279,10 @@ def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
     return None
 
 
-def pipelined_args(p: Conv2dProblem, cfg: PipelinedConfig, epilogue: Epilogue = Epilogue(), cin: int = 0,
+PLAIN = Epilogue()  # alpha = 1, beta = 0, no bias, no ReLU: the plain convolution
+
+
+def pipelined_args(p: Conv2dProblem, cfg: PipelinedConfig, epilogue: Epilogue = PLAIN, cin: int = 0,
                    bias: int = 0) -> tuple:  # fmt: skip
     """The scalars after x, w, y: N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw (int32), the
     Cin and bias pointers (0 for none), alpha, beta (float32), relu, swizzle (int32)."""
@@ -300,8 +303,7 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: PipelinedConfig) -> np.n
     keep = tn * t.bn < p.K
     counts = np.zeros((_cdiv(p.gemm.m, t.bm), _cdiv(p.K, t.bn)), dtype=np.int64)
     np.add.at(counts, (tm[keep], tn[keep]), 1)
-    full = np.repeat(np.repeat(counts, t.bm, axis=0), t.bn, axis=1)
-    return full[: p.gemm.m, : p.K].ravel()
+    return counts[(np.arange(p.gemm.m) // t.bm)[:, None], (np.arange(p.K) // t.bn)[None, :]].ravel()
 
 
 def tensor_check(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, cfg: PipelinedConfig
@@ -311,7 +313,8 @@ def tensor_check(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Te
     if x.is_cuda:
         cc = torch.cuda.get_device_capability(x.device)
         if cc < MIN_CC:
-            return f"needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]}+ (cp.async, ldmatrix); this one is {cc[0]}.{cc[1]}"
+            need_cc = f"{MIN_CC[0]}.{MIN_CC[1]}"
+            return f"needs a GPU of compute capability {need_cc}+ (cp.async, ldmatrix); this one is {cc[0]}.{cc[1]}"
     need = [("x", x), ("w", w)] if cfg.iterator == "optimized" else []
     if y is not None and p.K % 8 == 0:
         need.append(("y", y))
@@ -330,8 +333,9 @@ def make_pipelined(
     """A day-12 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
 
     Raises:
-        ValueError: a forced tile that is invalid or not instantiated (the reason says which), or
-            an unknown iterator. Problems the forced choice cannot run are refused per problem
+        ValueError: a forced tile that is invalid or not instantiated (the reason says which), an
+            unknown iterator, a forced (tile, iterator) pair the ``.cu`` file does not instantiate,
+            or a swizzle outside 0..4. Problems the forced choice cannot run are refused per problem
             by `Variant.supports`, with the reason.
     """
     if tile is not None:
@@ -342,6 +346,11 @@ def make_pipelined(
         tile = t
     if iterator is not None and iterator not in ITERATORS:
         raise ValueError(f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}")
+    if tile is not None and iterator is not None and iterator not in INSTANTIATED[tile.name]:
+        raise ValueError(
+            f"tile {tile.name} is not instantiated with the {iterator} iterator; "
+            f"it is with: {', '.join(INSTANTIATED[tile.name])}"
+        )
     if swizzle is not None and not 0 <= swizzle <= 4:
         raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
     pick: Callable[[Conv2dProblem], PipelinedConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
@@ -385,7 +394,7 @@ def prepare_fused(
     w: torch.Tensor,
     cin: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-    epilogue: Epilogue = Epilogue(),
+    epilogue: Epilogue = PLAIN,
     y: torch.Tensor | None = None,
     variant: Variant | str = "igemm_pipelined",
 ) -> tuple[Callable[[], None], torch.Tensor]:
@@ -421,10 +430,10 @@ def prepare_fused(
     if cfg.threads_per_block > k.max_threads_per_block:
         raise UnsupportedProblem(f"{v.name}: block of {cfg.threads_per_block} threads, this build allows "
                                  f"{k.max_threads_per_block}")  # fmt: skip
-    scalars = list(v.args_fn(problem))
-    scalars[15] = np.uintp(cin.data_ptr() if cin is not None else 0)
-    scalars[16] = np.uintp(bias.data_ptr() if bias is not None else 0)
-    scalars[17], scalars[18], scalars[19] = np.float32(epilogue.alpha), np.float32(epilogue.beta), np.int32(epilogue.relu)
+    base = v.args_fn(problem)  # `pipelined_args` with the plain epilogue: keep the sizes and the swizzle
+    cin_p, bias_p = (t.data_ptr() if t is not None else 0 for t in (cin, bias))
+    scalars = (*base[:15], np.uintp(cin_p), np.uintp(bias_p), np.float32(epilogue.alpha), np.float32(epilogue.beta),
+               np.int32(epilogue.relu), base[20])  # fmt: skip
     args = (np.uintp(x.data_ptr()), np.uintp(w.data_ptr()), np.uintp(y.data_ptr()), *scalars)
     fn = k.function
 
@@ -432,4 +441,3 @@ def prepare_fused(
         fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
 
     return launch, y
-

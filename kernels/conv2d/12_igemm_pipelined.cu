@@ -398,9 +398,9 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
                     if (k < K) v0 += beta * to_f32<BF16>(cin[m * K + k]);
                     if (k + 1 < K) v1 += beta * to_f32<BF16>(cin[m * K + k + 1]);
                 }
-                if (relu) {
-                    v0 = fmaxf(v0, 0.0f);
-                    v1 = fmaxf(v1, 0.0f);
+                if (relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does (fmaxf would give 0)
+                    v0 = v0 < 0.0f ? 0.0f : v0;
+                    v1 = v1 < 0.0f ? 0.0f : v1;
                 }
                 *reinterpret_cast<unsigned*>(so + row * SOW + col) = pack2<BF16>(v0, v1);
             }

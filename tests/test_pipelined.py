@@ -1,0 +1,603 @@
+"""Day 12 on the CPU: tile descriptions and their refusals, the entry points of the ``.cu`` file,
+the iterator, tile and swizzle choices, the write-coverage model under every swizzle, the
+epilogue reference and the refusals of `prepare_fused`.
+
+The kernel itself runs in tests/gpu/test_pipelined_gpu.py; tests/test_compile.py builds the file
+for every architecture. With nvcc on PATH one test here builds it for sm_90 once more and
+compares the ptxas entry names with `INSTANTIATED`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import compile as hc
+from helpers import gpu
+from helpers import pipelined as hp
+from helpers.check import Epilogue, reference_epilogue
+from helpers.pipelined import (
+    CU_FILE,
+    INSTANTIATED,
+    ITERATORS,
+    MIN_BLOCKS,
+    TILES,
+    PipelinedConfig,
+    TileDescription,
+    blocks,
+    choose,
+    choose_iterator,
+    choose_swizzle,
+    choose_tile,
+    covers,
+    iterator_reason,
+    make_pipelined,
+    pipelined_args,
+    prepare_fused,
+    tensor_check,
+    tiles_for,
+)
+from helpers.problem import Conv2dProblem
+from helpers.suites import suite
+from helpers.variants import MAX_GRID, UnsupportedProblem, get, prepare, run
+
+V = get("igemm_pipelined")
+DTYPES = ("fp16", "bf16")
+PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]  # (tile name, iterator) instantiated
+H200_SMEM = 227 * 1024
+
+
+def nhwc(dtype: str = "fp16", **kw) -> Conv2dProblem:
+    return Conv2dProblem(layout="NHWC", dtype=dtype, **kw)
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor like t whose data starts one element (2 bytes) past an aligned allocation."""
+    out = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    out.copy_(t)
+    assert out.is_contiguous() and out.data_ptr() % 16 == 2
+    return out
+
+
+def pipe_entry_lines() -> list[tuple[int, int, int, int, int, int, str, str]]:
+    """(BM, BN, BK, WGM, WGN, STAGES, ITER enum, iterator name) of every ``PIPE_ENTRY(...)`` line."""
+    src = hc.kernel_path(CU_FILE).read_text()
+    lines = [ln for ln in src.splitlines() if ln.startswith("PIPE_ENTRY(")]
+    out = []
+    for ln in lines:
+        m = re.fullmatch(r"PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)\)\s*", ln)
+        assert m, f"{CU_FILE}: a PIPE_ENTRY line the Python reader would misread: {ln!r}"
+        out.append((*map(int, m.groups()[:6]), m[7], m[8]))
+    return out
+
+
+def expected_entries() -> set[str]:
+    return {PipelinedConfig(TileDescription.parse(t), it, 0).entry(d) for t, it in PAIRS for d in DTYPES}
+
+
+# ---- tile descriptions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TILES)
+def test_tile_name_round_trip_and_valid(name):
+    t = TileDescription.parse(name)
+    assert t.name == name and TileDescription.parse(t.name) == t
+    assert t.instruction == hp.INSTRUCTION == (16, 8, 16)
+    assert t.reason() is None and t.reason(smem_limit=H200_SMEM) is None
+    assert t.threads == 32 * t.warps_m * t.warps_n <= 1024
+    assert t.shared_bytes == max(t.stages * (t.bm + t.bn) * t.bk * 2, t.bm * (t.bn + 8) * 2)
+    assert t.accumulators_per_thread == t.bm * t.bn // t.threads <= 128
+
+
+@pytest.mark.parametrize(
+    "tile, limit, expect",
+    [
+        (TileDescription(64, 64, 32, 2, 2, 4, (16, 8, 8)), None, "instruction shape (16, 8, 8)"),
+        (TileDescription(64, 64, 48, 2, 2, 4), None, "BK = 48"),
+        (TileDescription(64, 64, 32, 2, 2, 1), None, "stages = 1"),
+        (TileDescription(64, 64, 32, 0, 2, 4), None, "0 x 2 warps: need 1 .. 32 warps"),
+        (TileDescription(256, 256, 32, 8, 8, 3), None, "8 x 8 warps: need 1 .. 32 warps"),
+        (TileDescription(64, 64, 32, 3, 2, 4), None, "64 x 64 does not split into 3 x 2 warps"),
+        (TileDescription(128, 48, 32, 2, 2, 4), None, "warp tile 64 x 24"),
+        (TileDescription(16, 64, 32, 1, 4, 4), None, "BM = 16 and BN = 64 must be multiples of it"),
+        (TileDescription(256, 256, 32, 2, 2, 3), None, "512 fp32 accumulators per thread"),
+        (
+            TileDescription(128, 128, 32, 2, 2, 4),
+            48 * 1024,
+            "needs 65536 B of shared memory per block; the limit is 49152 B",
+        ),
+        (TileDescription(64, 128, 32, 2, 2, 4), None, f"{CU_FILE} has no entry point for 64x128x32_w2x2_s4"),
+        (TileDescription(64, 64, 64, 2, 2, 3), None, "no entry point for 64x64x64_w2x2_s3"),
+    ],
+    ids=lambda v: v.name if isinstance(v, TileDescription) else None,
+)
+def test_invalid_descriptions_name_the_problem(tile, limit, expect):
+    reason = tile.reason() if limit is None else tile.reason(smem_limit=limit)
+    assert reason is not None and expect in reason, reason
+    if limit is None:  # make_pipelined refuses it with the same reason
+        with pytest.raises(ValueError, match=re.escape(f"tile {tile.name}: {reason}")):
+            make_pipelined(tile=tile)
+    else:  # within the largest opt-in: make_pipelined takes it; `supports` checks the device's limit
+        p = nhwc(N=1, C=8, H=8, W=8, K=8, R=1, S=1)
+        assert make_pipelined(tile=tile).supports(p, smem_limit=limit) is not None
+        assert make_pipelined(tile=tile).supports(p, smem_limit=H200_SMEM) is None
+
+
+def test_not_instantiated_lists_the_instantiated_ones():
+    reason = TileDescription.parse("64x128x32_w2x2_s4").reason()
+    assert "no entry point" in reason and all(t in reason for t in TILES)
+
+
+@pytest.mark.parametrize(
+    "bad", ["128x128x32", "128x128x32_w2x2", "128x128_w2x2_s4", "axbx32_w2x2_s4", "128x128x32_w2x2_s4 ", ""]
+)
+def test_parse_refuses_bad_names(bad):
+    with pytest.raises(ValueError, match="BMxBNxBK_wWMxWN_sSTAGES"):
+        TileDescription.parse(bad)
+
+
+# ---- the entry points of the .cu file -------------------------------------------------------
+
+
+def test_instantiated_list_matches_the_pipe_entry_lines():
+    lines = pipe_entry_lines()
+    assert len(lines) == sum(len(its) for its in INSTANTIATED.values()) == len(PAIRS)
+    assert len(set(PAIRS)) == len(PAIRS), "a (tile, iterator) pair is instantiated twice"
+    assert len(set(TILES)) == len(TILES)
+    seen = set()
+    for bm, bn, bk, wm, wn, st, enum, itname in lines:
+        assert enum.lower() == itname, f"PIPE_ENTRY(..., {enum}, {itname}): the name does not match the iterator"
+        assert itname in ITERATORS
+        t = TileDescription(bm, bn, bk, wm, wn, st)
+        assert itname in INSTANTIATED[t.name]
+        seen.add((t.name, itname))
+    assert seen == set(PAIRS)
+    for it in ITERATORS:
+        assert tiles_for(it), f"no tile instantiated with the {it} iterator"
+        assert {t.name for t in tiles_for(it)} == {t for t, its in INSTANTIATED.items() if it in its}
+
+
+def test_entry_names_follow_the_macro():
+    src = hc.kernel_path(CU_FILE).read_text()
+    flat = re.sub(r"\s+", "", src)
+    assert "igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_##ITNAME##_##DT(" in flat
+    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,ITER,ITNAME,false,fp16)" in flat
+    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,ITER,ITNAME,true,bf16)" in flat
+    entries = expected_entries()
+    assert len(entries) == 2 * len(PAIRS)
+    for e in entries:
+        assert re.fullmatch(
+            r"igemm_pipelined_\d+x\d+x\d+_w\d+x\d+_s\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
+        )
+    assert V.entry in entries
+    for t, it in PAIRS:
+        for d in DTYPES:
+            v = make_pipelined(tile=t, iterator=it)
+            p = nhwc(d, N=1, C=8 if it != "analytic" else 12, H=6, W=6, K=8, R=3, S=3, padding=1)
+            if it == "few_channels":
+                p = replace(p, C=3, name="")
+            assert v.supports(p, smem_limit=H200_SMEM) is None
+            assert v.entry_for(p) == f"igemm_pipelined_{t}_{it}_{d}" and v.entry_for(p) in entries
+
+
+def test_kernel_arguments_match_pipelined_args():
+    """The scalars after x, w, y have the kernel's types in the kernel's order (pycuda passes them raw)."""
+    src = hc.kernel_path(CU_FILE).read_text()
+    body = src.split("#define PIPE_ENTRY_T", 1)[1].replace("\\\n", " ")
+    params = re.search(r"##_##DT\((.*?)\)\s*\{", body, re.S)[1]
+    decls = [d.strip() for d in params.split(",")]
+    assert [d.split()[-1].lstrip("*") for d in decls[:3]] == ["x", "w", "y"]
+
+    def kind(decl: str):
+        return np.uintp if "*" in decl else np.float32 if decl.startswith("float") else np.int32
+
+    p = nhwc(N=2, C=16, H=9, W=7, K=24, R=3, S=2, stride=(2, 1), padding=(1, 0), dilation=(1, 2))
+    cfg = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 3)
+    args = pipelined_args(p, cfg, Epilogue(alpha=2.0, beta=-1.0, relu=True), cin=1111, bias=2222)
+    assert [kind(d) for d in decls[3:]] == [type(a) for a in args]
+    names = [d.split()[-1].lstrip("*") for d in decls[3:]]
+    got = dict(zip(names, (a.item() for a in args)))
+    assert got == {
+        "N": 2, "C": 16, "H": 9, "W": 7, "K": 24, "R": 3, "S": 2, "P": p.P, "Q": p.Q, "sh": 2, "sw": 1,
+        "ph": 1, "pw": 0, "dh": 1, "dw": 2, "cin": 1111, "bias": 2222, "alpha": 2.0, "beta": -1.0,
+        "relu": 1, "swz_log": 3,
+    }  # fmt: skip
+    # prepare_fused patches cin, bias, alpha, beta, relu at positions 15 .. 19 of these scalars
+    assert names[15:20] == ["cin", "bias", "alpha", "beta", "relu"]
+    plain = pipelined_args(p, cfg)
+    assert [a.item() for a in plain[15:20]] == [0, 0, 1.0, 0.0, 0]
+
+
+@pytest.fixture(scope="module")
+def sm90_build():
+    return hc.nvcc_compile(CU_FILE, arch="sm_90")
+
+
+@pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH")
+def test_sm90_build_has_exactly_the_instantiated_entries(sm90_build):
+    reports, log = sm90_build
+    by_entry = {r.entry: r for r in reports}
+    assert set(by_entry) == expected_entries(), log
+    for r in reports:
+        assert r.registers > 0, r
+        assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), f"{r.entry} spills: {r}"
+
+
+# ---- iterators ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "C, iterator",
+    [(64, "optimized"), (8, "optimized"), (16, "optimized"), (40, "optimized"), (1, "few_channels"),
+     (3, "few_channels"), (5, "few_channels"), (7, "few_channels"), (9, "analytic"), (12, "analytic"),
+     (45, "analytic")],
+)  # fmt: skip
+def test_choose_iterator(C, iterator):
+    p = nhwc(N=1, C=C, H=8, W=8, K=16, R=3, S=3, padding=1)
+    assert choose_iterator(p) == iterator
+    assert iterator_reason(p, iterator) is None
+    assert iterator_reason(p, "analytic") is None  # analytic takes any C
+    assert choose(p).iterator == iterator
+
+
+def test_iterator_reason_refusals():
+    c45 = nhwc(N=1, C=45, H=8, W=8, K=16, R=3, S=3, padding=1)
+    c16 = replace(c45, C=16, name="")
+    reason = iterator_reason(c45, "optimized")
+    assert "C % 8 == 0" in reason and "C = 45" in reason
+    reason = iterator_reason(c16, "few_channels")
+    assert "C <= 8" in reason and "C = 16" in reason
+    assert "choose one of analytic, optimized, few_channels" in iterator_reason(c16, "bogus")
+    assert iterator_reason(replace(c45, C=8, name=""), "few_channels") is None
+
+
+# ---- forced choices -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw, expect",
+    [
+        ({"tile": "64x128x32_w2x2_s4"}, "tile 64x128x32_w2x2_s4: 12_igemm_pipelined.cu has no entry point"),
+        ({"tile": "256x256x32_w2x2_s3"}, "512 fp32 accumulators"),
+        ({"tile": TileDescription(64, 64, 32, 2, 2, 4, (16, 8, 8))}, "instruction shape"),
+        ({"tile": "64x64"}, "a tile name looks like"),
+        ({"iterator": "bogus"}, "iterator 'bogus': choose one of"),
+        ({"swizzle": 5}, "swizzle = 5"),
+        ({"swizzle": -1}, "swizzle = -1"),
+    ],
+)
+def test_make_pipelined_refuses(kw, expect):
+    with pytest.raises(ValueError, match=re.escape(expect)):
+        make_pipelined(**kw)
+
+
+def test_forced_iterator_refused_per_problem():
+    c3 = nhwc(N=2, C=3, H=16, W=16, K=64, R=3, S=3, padding=1)
+    c64 = replace(c3, C=64, name="")
+    reason = make_pipelined(iterator="optimized").supports(c3, smem_limit=2**31)
+    assert reason.startswith("igemm_pipelined: ") and "C % 8 == 0" in reason and "C = 3" in reason
+    assert "C <= 8" in make_pipelined(iterator="few_channels").supports(c64, smem_limit=2**31)
+    forced = make_pipelined(name="forced_analytic", iterator="analytic")
+    assert forced.supports(c64, smem_limit=2**31) is None
+    assert forced.entry_for(c64).endswith("_analytic_fp16") and "iterator=analytic" in forced.summary
+    assert V.entry_for(c64).endswith("_optimized_fp16") and V.entry_for(c3).endswith("_few_channels_fp16")
+    # a forced tile whose entry exists for another iterator only
+    reason = make_pipelined(tile="256x64x32_w4x2_s4").supports(c3, smem_limit=2**31)
+    assert "256x64x32_w4x2_s4 is not instantiated with the few_channels iterator" in reason
+    assert make_pipelined(tile="256x64x32_w4x2_s4").supports(c64, smem_limit=2**31) is None
+
+
+def test_refusals_of_the_variant():
+    ok = nhwc(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1)
+    assert V.supports(ok) is None and V.supports(replace(ok, dtype="bf16", name="")) is None
+    assert "dtype fp16/bf16; got fp32" in V.supports(replace(ok, dtype="fp32", name=""))
+    assert "layout NHWC; got NCHW" in V.supports(replace(ok, layout="NCHW", name=""))
+    assert "groups=1; got 2" in V.supports(replace(ok, groups=2, name=""))
+    # the CPU default limit (48 KB without opt-in) refuses the large tiles; 227 KB takes them
+    big = make_pipelined(tile="256x64x32_w4x2_s4")  # 4 stages of (256 + 64) x 32 halves: 80 KB
+    assert "needs 81920 B of shared memory per block; the limit is 49152 B" in big.supports(ok)
+    assert big.supports(ok, smem_limit=H200_SMEM) is None
+    for p in suite("resnet50", dtype="fp16", layout="NHWC")[:4]:
+        reason = V.supports(p)
+        assert (reason is None) == (V.launch(p).shared_bytes <= 48 * 1024), (p.name, reason)
+
+
+def test_unsupported_forced_iterator_refused_before_the_tensors():
+    """`run` refuses a problem the forced iterator cannot take before looking at the tensors."""
+    p = nhwc(N=1, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)
+    x, w = p.make_inputs()  # CPU tensors: check_tensors would say so, but the problem is refused first
+    v = make_pipelined(name="few64", tile="64x64x32_w2x2_s4", iterator="few_channels")
+    with pytest.raises(UnsupportedProblem, match="few_channels iterator is for C <= 8; got C = 64"):
+        run(v, p, x, w)
+
+
+# ---- tensor checks --------------------------------------------------------------------------
+
+
+def test_tensor_check_alignment():
+    p = nhwc(N=1, C=16, H=6, W=6, K=16, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    y = torch.empty(p.y_shape, dtype=torch.float16)
+    opt = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 0)
+    ana = replace(opt, iterator="analytic")
+    assert tensor_check(p, x, w, y, opt) is None and tensor_check(p, x, w, None, opt) is None
+    assert "x.data_ptr() is not 16-byte aligned" in tensor_check(p, misaligned(x), w, y, opt)
+    assert "w.data_ptr() is not 16-byte aligned" in tensor_check(p, x, misaligned(w), y, opt)
+    assert "y.data_ptr() is not 16-byte aligned" in tensor_check(p, x, w, misaligned(y), opt)
+    assert tensor_check(p, misaligned(x), misaligned(w), y, ana) is None  # element loads
+    assert "y.clone()" in tensor_check(p, misaligned(x), misaligned(w), misaligned(y), ana)
+    p7 = replace(p, K=7, name="")  # K % 8 != 0: y stored element by element
+    x7, w7 = p7.make_inputs()
+    y7 = misaligned(torch.empty(p7.y_shape, dtype=torch.float16))
+    assert tensor_check(p7, misaligned(x7), misaligned(w7), y7, ana) is None
+
+
+def test_misaligned_x_refused_before_the_gpu(monkeypatch):
+    p = nhwc(N=1, C=16, H=6, W=6, K=16, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
+
+    def touched(*a, **k):
+        raise AssertionError("the GPU was touched before the tensor check")
+
+    monkeypatch.setattr(gpu, "device_info", touched)
+    with pytest.raises(ValueError, match=r"igemm_pipelined: x\.data_ptr\(\) is not 16-byte aligned"):
+        prepare(V, p, misaligned(x), w)
+
+
+# ---- launch and coverage --------------------------------------------------------------------
+
+COVER_PROBLEMS = [
+    nhwc(N=2, C=64, H=15, W=13, K=70, R=3, S=3, padding=1),  # M = 390, K = 70: neither divides a tile
+    nhwc(N=3, C=40, H=9, W=11, K=34, R=2, S=3, padding=(1, 0), stride=2, dilation=(1, 2)),
+    nhwc(N=1, C=8, H=7, W=5, K=7, R=1, S=1),  # K odd and smaller than every BN, M = 35
+    nhwc(N=2, C=16, H=20, W=19, K=300, R=3, S=3, padding=1),  # K = 300: 5 filter tiles of 64, 3 of 128, 2 of 256
+    nhwc(N=1, C=24, H=16, W=16, K=257, R=1, S=1),  # M = 256 exactly, K one past 256
+    nhwc(N=2, C=3, H=32, W=28, K=64, R=7, S=7, padding=3, stride=2),  # a stem
+    nhwc(N=1, C=45, H=19, W=21, K=33, R=3, S=3, padding=1),
+    nhwc(N=1, C=1, H=1, W=1, K=1, R=1, S=1),  # one output element
+]
+
+
+def brute_force_covers(p: Conv2dProblem, grid: tuple[int, int, int], cfg: PipelinedConfig) -> np.ndarray:
+    """The kernel's block -> tile mapping, block by block, as written in the .cu file."""
+    t, lg = cfg.tile, cfg.swizzle
+    counts = np.zeros((p.gemm.m, p.K), dtype=np.int64)
+    for bx in range(grid[0]):
+        for by in range(grid[1]):
+            tile_m, tile_n = bx >> lg, (by << lg) + (bx & ((1 << lg) - 1))
+            if tile_n * t.bn >= p.K:
+                continue
+            counts[tile_m * t.bm : (tile_m + 1) * t.bm, tile_n * t.bn : (tile_n + 1) * t.bn] += 1
+    return counts.ravel()
+
+
+@pytest.mark.parametrize("tile, iterator", PAIRS, ids=[f"{t}-{it}" for t, it in PAIRS])
+def test_every_output_written_once(tile, iterator):
+    t = TileDescription.parse(tile)
+    claimed = 0
+    for p in COVER_PROBLEMS:
+        for s in range(4):
+            v = make_pipelined(tile=tile, iterator=iterator, swizzle=s)
+            if v.supports(p, smem_limit=H200_SMEM) is not None:
+                assert iterator_reason(p, iterator), (p.name, v.supports(p, smem_limit=H200_SMEM))
+                continue
+            claimed += 1
+            cfg = v.launch(p)
+            m_tiles, n_tiles = -(-p.gemm.m // t.bm), -(-p.K // t.bn)
+            assert cfg.grid == (m_tiles << s, -(-n_tiles // 2**s), 1)
+            assert cfg.block == (t.threads, 1, 1) and cfg.shared_bytes == t.shared_bytes
+            assert all(1 <= g <= lim for g, lim in zip(cfg.grid, MAX_GRID))
+            counts = np.asarray(v.covers_fn(p, cfg))
+            assert counts.shape == (p.N * p.P * p.Q * p.K,)
+            assert (counts == 1).all(), (
+                f"{p.name} swizzle {s}: {(counts == 0).sum()} unwritten, {(counts > 1).sum()} twice"
+            )
+            if n_tiles % 2**s:  # some blocks of the last grid row have no filter tile: they must write nothing
+                assert cfg.grid[0] * cfg.grid[1] > m_tiles * n_tiles
+    assert claimed >= 4
+
+
+def test_swizzle_leaves_blocks_idle_when_filter_tiles_do_not_fill_the_group():
+    p = COVER_PROBLEMS[3]  # K = 300, BN = 64: 5 filter tiles
+    v = make_pipelined(tile="64x64x32_w2x2_s4", swizzle=3)
+    cfg = v.launch(p)
+    m_tiles = -(-p.gemm.m // 64)
+    assert cfg.grid == (m_tiles * 8, 1, 1)  # 8 filter-tile slots per A tile, 3 of them past K
+    assert (np.asarray(v.covers(p)) == 1).all()
+
+
+@pytest.mark.parametrize("swizzle", [0, 1, 2, 3])
+def test_covers_model_follows_the_swizzle(swizzle):
+    """On shortened grids the model agrees with a block-by-block replay of the kernel's mapping."""
+    p = COVER_PROBLEMS[3]
+    cfg = choose(p, tile="64x64x32_w2x2_s4", swizzle=swizzle)
+    full = cfg.launch(p)
+    assert np.array_equal(covers(p, full, cfg), brute_force_covers(p, full.grid, cfg))
+    for gx, gy in ((full.grid[0] - 1, full.grid[1]), (full.grid[0], max(1, full.grid[1] - 1)), (1, 1)):
+        short = replace(full, grid=(gx, gy, 1))
+        model = covers(p, short, cfg)
+        assert np.array_equal(model, brute_force_covers(p, short.grid, cfg)), (gx, gy)
+        assert model.max() <= 1
+    # dropping the last block in x leaves exactly the last tile_n of the last A tile unwritten
+    short = replace(full, grid=(full.grid[0] - 1, full.grid[1], 1)) if swizzle else None
+    if short is not None:
+        counts = covers(p, short, cfg).reshape(p.gemm.m, p.K)
+        last_m = (full.grid[0] - 1) >> swizzle
+        missing = [((by << swizzle) + (1 << swizzle) - 1) for by in range(full.grid[1])]
+        for tn in missing:
+            if tn * 64 < p.K:
+                assert (counts[last_m * 64 :, tn * 64 : (tn + 1) * 64] == 0).all()
+
+
+def test_covers_on_the_edge_suite():
+    """The automatic choice on the NHWC edge suite (tests/test_variants.py runs it in fp16 through
+    `Variant.adapt`, with the 48 KB limit; here in bf16 with the H200's limit)."""
+    claimed = 0
+    for p in suite("edge", dtype="bf16", layout="NHWC"):
+        if V.supports(p, smem_limit=H200_SMEM) is not None:
+            assert p.groups > 1, V.supports(p, smem_limit=H200_SMEM)
+            continue
+        cfg = V.launch(p)
+        assert all(1 <= g <= lim for g, lim in zip(cfg.grid, MAX_GRID)), (p.name, cfg)
+        t = choose(p).tile
+        if -(-p.gemm.m // t.bm) * t.bm * -(-p.K // t.bn) * t.bn > 2**24:  # the model's padded array
+            continue
+        claimed += 1
+        assert (np.asarray(V.covers(p)) == 1).all(), p.name
+    assert claimed >= 14
+
+
+# ---- tile and swizzle choice ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("iterator", [None, "analytic"])
+def test_k64_picks_a_64_wide_tile(iterator):
+    for n in (1, 2, 32, 256):
+        p = nhwc(N=n, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)
+        t = choose_tile(p, iterator)
+        assert t.bn == 64 and t.reason() is None
+        assert (iterator or "optimized") in INSTANTIATED[t.name]
+
+
+def test_choose_tile_on_resnet50():
+    for p in suite("resnet50", dtype="fp16", layout="NHWC"):
+        t = choose_tile(p)
+        assert t.reason() is None, (p.name, t.name)
+        assert choose_iterator(p) in INSTANTIATED[t.name]
+        assert V.supports(p, smem_limit=H200_SMEM) is None, p.name
+        assert blocks(p, t) >= MIN_BLOCKS or t.name == "64x64x32_w2x2_s4", (p.name, t.name)
+        if p.K <= 64:
+            assert t.bn == 64, p.name
+
+
+@pytest.mark.parametrize("C", [1, 3, 12, 45])
+def test_choose_tile_for_element_iterators(C):
+    for n in (1, 64):
+        p = nhwc(N=n, C=C, H=56, W=56, K=64, R=3, S=3, padding=1)
+        t = choose_tile(p)
+        assert t.name in ("128x64x32_w2x2_s4", "64x64x32_w2x2_s4") and choose_iterator(p) in INSTANTIATED[t.name]
+        assert (t.bm == 128) == (blocks(p, TileDescription.parse("128x64x32_w2x2_s4")) >= MIN_BLOCKS)
+
+
+@pytest.mark.parametrize("K, expect", [(1, 0), (64, 0), (65, 1), (128, 1), (129, 2), (300, 2), (70000, 2)])
+def test_choose_swizzle(K, expect):
+    p = nhwc(N=1, C=8, H=8, W=8, K=K, R=1, S=1)
+    assert choose_swizzle(p, TileDescription.parse("64x64x32_w2x2_s4")) == expect
+
+
+# ---- the epilogue reference -----------------------------------------------------------------
+
+
+def _epilogue_operands(p: Conv2dProblem, seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    cin = torch.randn(p.y_shape, generator=g).to(p.torch_dtype)
+    bias = torch.randn((p.K,), generator=g).to(p.torch_dtype)
+    return cin, bias
+
+
+EPI_PROBLEM = nhwc(N=2, C=5, H=9, W=8, K=6, R=3, S=2, padding=(1, 0), stride=(1, 2), dilation=(2, 1))
+
+
+def test_reference_epilogue_by_hand():
+    p = EPI_PROBLEM
+    x, w = p.make_inputs(device="cpu", seed=1)
+    cin, bias = _epilogue_operands(p)
+    xd, wd = p.to_nchw(x).double(), p.w_to_kcrs(w).double()
+    conv = F.conv2d(xd, wd, **p.torch_kwargs())
+    cin4 = p.to_nchw(cin).double()
+    ep = Epilogue(alpha=2.0, beta=-1.0, relu=True)
+    want = (2.0 * conv - cin4 + bias.double()[None, :, None, None]).clamp_min(0)
+    got = reference_epilogue(p, x, w, ep, cin, bias)
+    assert got.dtype == torch.float64 and got.shape == (p.N, p.K, p.P, p.Q)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert (got == 0).any() and (got > 0).any()  # the ReLU did something
+    scale = reference_epilogue(p, x, w, ep, cin, bias, absolute=True)
+    want_abs = (
+        2.0 * F.conv2d(xd.abs(), wd.abs(), **p.torch_kwargs()) + cin4.abs() + bias.double().abs()[None, :, None, None]
+    )
+    torch.testing.assert_close(scale, want_abs, rtol=1e-12, atol=1e-12)
+    assert (scale >= got.abs() - 1e-9).all()
+
+
+def test_reference_epilogue_defaults_and_unused_operands():
+    p = EPI_PROBLEM
+    x, w = p.make_inputs(device="cpu", seed=2)
+    cin, bias = _epilogue_operands(p)
+    conv = F.conv2d(p.to_nchw(x).double(), p.w_to_kcrs(w).double(), **p.torch_kwargs())
+    torch.testing.assert_close(reference_epilogue(p, x, w, Epilogue()), conv, rtol=1e-12, atol=1e-12)
+    # beta = 0: cin is not read; no relu: negative outputs stay
+    got = reference_epilogue(p, x, w, Epilogue(alpha=0.5), cin * float("nan"), bias)
+    torch.testing.assert_close(got, 0.5 * conv + bias.double()[None, :, None, None], rtol=1e-12, atol=1e-12)
+    assert (got < 0).any()
+
+
+# ---- prepare_fused refusals -----------------------------------------------------------------
+
+
+def test_prepare_fused_refuses_cpu_tensors():
+    p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    with pytest.raises(ValueError, match="kernels need CUDA tensors"):
+        prepare_fused(p, x, w)
+    cin, bias = _epilogue_operands(p)
+    with pytest.raises(ValueError, match="kernels need CUDA tensors"):
+        prepare_fused(p, x, w, cin, bias, Epilogue(beta=1.0))
+
+
+def test_prepare_fused_runs_day_12_only():
+    p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    with pytest.raises(ValueError, match="prepare_fused runs day 12's kernel; igemm_mma is 11_igemm_mma.cu"):
+        prepare_fused(p, x, w, variant="igemm_mma")
+
+
+class _Compiled(Exception):
+    """Raised by the stand-in `load_kernel`: every check before the compile passed."""
+
+
+@pytest.fixture
+def no_gpu_checks(monkeypatch):
+    """`_validate` (the GPU half of the checks) passes, and compiling raises `_Compiled`."""
+    monkeypatch.setattr(hp, "_validate", lambda *a, **k: None)
+
+    def compiled(*a, **k):
+        raise _Compiled
+
+    monkeypatch.setattr(hc, "load_kernel", compiled)
+
+
+def test_prepare_fused_operand_refusals(no_gpu_checks):
+    p = nhwc(N=2, C=8, H=6, W=5, K=12, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    cin, bias = _epilogue_operands(p)
+    ep = Epilogue(alpha=1.0, beta=1.0)
+    with pytest.raises(_Compiled):  # everything right: it gets as far as compiling
+        prepare_fused(p, x, w, cin, bias, ep)
+    with pytest.raises(_Compiled):  # beta = 0 needs no cin
+        prepare_fused(p, x, w, None, bias, Epilogue(alpha=3.0, relu=True))
+    bad_cin = [
+        (torch.zeros(p.N, p.P, p.Q, p.K + 1, dtype=torch.float16), ValueError, "cin must be a contiguous"),
+        (p.to_nchw(cin), ValueError, "not contiguous"),  # NCHW view of the right numbers
+        (cin.float(), ValueError, "cin must be a contiguous torch.float16"),
+        (cin.numpy(), TypeError, "cin must be a torch.Tensor or None; got ndarray"),
+    ]
+    for bad, exc, msg in bad_cin:
+        with pytest.raises(exc, match=re.escape(msg)):
+            prepare_fused(p, x, w, bad, bias, ep)
+    for bad, exc, msg in [
+        (torch.zeros(p.K + 1, dtype=torch.float16), ValueError,
+         f"bias must be a contiguous torch.float16 tensor of shape ({p.K},)"),
+        (torch.zeros(1, p.K, dtype=torch.float16), ValueError, "bias must be"),
+        (bias.to(torch.bfloat16), ValueError, "bias must be"),
+        ([0.0] * p.K, TypeError, "bias must be a torch.Tensor or None; got list"),
+    ]:  # fmt: skip
+        with pytest.raises(exc, match=re.escape(msg)):
+            prepare_fused(p, x, w, cin, bad, ep)
+    with pytest.raises(ValueError, match=r"epilogue beta = 2.0 needs cin"):
+        prepare_fused(p, x, w, None, bias, Epilogue(beta=2.0))
