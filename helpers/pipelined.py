@@ -57,7 +57,8 @@ def _cdiv(a: int, b: int) -> int:
 class TileDescription:
     """One configuration of the kernel: block tile ``bm`` x ``bn`` x ``bk`` (GEMM-M pixels x GEMM-N
     filters x GEMM-K per pipeline step), ``warps_m`` x ``warps_n`` warps, ``stages`` shared-memory
-    stages, ``instruction`` the mma shape (M, N, K).
+    stages, ``min_blocks`` the resident blocks per SM asked of ptxas (``__launch_bounds__``: it caps
+    registers at 65536 / (threads · min_blocks)), ``instruction`` the mma shape (M, N, K).
 
     Constructing one checks nothing; `reason` says what is wrong with it, if anything.
     """
@@ -68,23 +69,27 @@ class TileDescription:
     warps_m: int
     warps_n: int
     stages: int
+    min_blocks: int = 1
     instruction: tuple[int, int, int] = INSTRUCTION
 
     @classmethod
     def parse(cls, name: str) -> TileDescription:
-        """``"128x128x32_w2x2_s4"`` -> ``TileDescription(128, 128, 32, 2, 2, 4)``.
+        """``"128x128x32_w2x2_s4_b1"`` -> ``TileDescription(128, 128, 32, 2, 2, 4, 1)``; without the
+        ``_b`` part, min_blocks = 1.
 
         Raises:
             ValueError: the name does not have that form.
         """
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)", name)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)(?:_b(\d+))?", name)
         if not m:
-            raise ValueError(f"a tile name looks like '128x128x32_w2x2_s4' (BMxBNxBK_wWMxWN_sSTAGES); got {name!r}")
-        return cls(*map(int, m.groups()))
+            raise ValueError(
+                f"a tile name looks like '128x128x32_w2x2_s4_b1' (BMxBNxBK_wWMxWN_sSTAGES_bMINBLOCKS); got {name!r}"
+            )
+        return cls(*(int(g) for g in m.groups() if g is not None))
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
+        return f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}_s{self.stages}_b{self.min_blocks}"
 
     @property
     def threads(self) -> int:
@@ -144,6 +149,13 @@ class TileDescription:
                 f"{self.accumulators_per_thread} fp32 accumulators per thread (warp tile {wm} x {wn}): over 128 "
                 "they spill out of the 255 registers"
             )
+        regs = min(255, 65536 // (self.threads * max(self.min_blocks, 1)))
+        if self.min_blocks < 1 or self.accumulators_per_thread + 64 > regs:
+            return (
+                f"min_blocks = {self.min_blocks}: {self.min_blocks} blocks of {self.threads} threads leave "
+                f"{regs} registers per thread, too few for {self.accumulators_per_thread} accumulators plus "
+                "fragments and addresses (~64)"
+            )
         if self.shared_bytes > smem_limit:
             return f"needs {self.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
         if self.name not in TILES:
@@ -156,9 +168,9 @@ def _instantiated() -> dict[str, tuple[str, ...]]:
     from .compile import kernel_path
 
     out: dict[str, list[str]] = {}
-    pat = re.compile(r"^PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
-    for bm, bn, bk, wm, wn, st, it in pat.findall(kernel_path(CU_FILE).read_text()):
-        out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}", []).append(it)
+    pat = re.compile(r"^PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
+    for bm, bn, bk, wm, wn, st, mb, it in pat.findall(kernel_path(CU_FILE).read_text()):
+        out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}_b{mb}", []).append(it)
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -194,28 +206,38 @@ def blocks(p: Conv2dProblem, t: TileDescription) -> int:
     return _cdiv(p.gemm.m, t.bm) * _cdiv(p.K, t.bn)
 
 
-# The tile rule (see `choose_tile`), from day 12's sweep of the 8 optimized tiles over the 38
-# ResNet-50 layers (N = 32 and 256) on the H200: 128 x 128 x 32 with 4 warps of 64 x 64 and 4
-# stages won where it makes enough tiles; 64 x 64 (4 warps of 32 x 32, ~4 blocks per SM) won
-# on K = 64 (a 128-wide tile is half empty) and wherever 128 x 128 makes fewer than ~1.2 waves
-# of 132 SMs. The rule reached 0.593x / 0.454x cuDNN (geomean, N = 32 / 256) where the best tile
-# per layer reached 0.598x / 0.462x.
-MIN_BLOCKS = 160
+# The tile rule (see `choose_tile`), fitted to day 12's sweep of the optimized tile descriptions
+# over the 38 ResNet-50 layers (N = 32 and 256, fp16) on the H200 (132 SMs). What won:
+# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 166 registers, 3 blocks per SM): a 128-wide
+#   filter tile would be half empty;
+# * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 32 with 8 warps of 64 x 32
+#   held to 128 registers (min_blocks = 2: 16 warps per SM); 4 warps of 64 x 64 (232 registers,
+#   2 blocks, 8 warps per SM) came second;
+# * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
+#   blocks with fewer pipeline steps each).
+# On the sweep's numbers the rule comes within ~1 % (N = 32) and ~1.5 % (N = 256) of the best
+# tile per layer; it is fitted to these layers and this GPU (day 14 tunes per workload).
+MIN_BLOCKS = 200
 
 
 def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescription:
-    """The tile description ``igemm_pipelined`` runs for ``p``.
+    """The tile description ``igemm_pipelined`` runs for ``p`` (the rule above).
 
-    ``analytic``/``few_channels``: 128 x 64 x 32 (4 warps of 64 x 32) if that makes `MIN_BLOCKS`
-    tiles, else 64 x 64 x 32. ``optimized``: 128 x 128 x 32, 4 warps of 64 x 64, 4 stages when
-    K > 64 and that makes at least `MIN_BLOCKS` tiles; else 64 x 64 x 32, 4 warps of 32 x 32,
-    4 stages.
+    ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x32_w2x4_s4_b2 if it makes at
+    least `MIN_BLOCKS` tiles, else 128x64x32_w2x2_s4_b1 if that does, else 64x64x64_w2x2_s4_b1.
+    ``analytic``/``few_channels``: 128x64x32_w2x2_s4_b1 if it makes `MIN_BLOCKS` tiles, else
+    64x64x32_w2x2_s4_b1.
     """
     it = iterator or choose_iterator(p)
-    big = TileDescription.parse("128x64x32_w2x2_s4" if it != "optimized" else "128x128x32_w2x2_s4")
-    if (it != "optimized" or p.K > 64) and blocks(p, big) >= MIN_BLOCKS:
+    mid = TileDescription.parse("128x64x32_w2x2_s4_b1")
+    if it != "optimized":
+        return mid if blocks(p, mid) >= MIN_BLOCKS else TileDescription.parse("64x64x32_w2x2_s4_b1")
+    big = TileDescription.parse("128x128x32_w2x4_s4_b2")
+    if p.K > 64 and blocks(p, big) >= MIN_BLOCKS:
         return big
-    return TileDescription.parse("64x64x32_w2x2_s4")
+    if p.K <= 64 or blocks(p, mid) >= MIN_BLOCKS:
+        return mid
+    return TileDescription.parse("64x64x64_w2x2_s4_b1")
 
 
 def choose_swizzle(p: Conv2dProblem, tile: TileDescription) -> int:
@@ -360,7 +382,7 @@ def make_pipelined(
         name=name,
         day=12,
         cu_file=CU_FILE,
-        entry="igemm_pipelined_128x128x32_w2x2_s4_optimized_fp16",
+        entry="igemm_pipelined_128x128x32_w2x2_s4_b1_optimized_fp16",
         entry_fn=lambda p: pick(p).entry(p.dtype),
         summary="tensor cores: cp.async multistage pipeline, tile descriptions, iterators, swizzle, fused epilogue"
         + (f" ({forced})" if forced else ""),

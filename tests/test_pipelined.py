@@ -64,15 +64,15 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def pipe_entry_lines() -> list[tuple[int, int, int, int, int, int, str, str]]:
-    """(BM, BN, BK, WGM, WGN, STAGES, ITER enum, iterator name) of every ``PIPE_ENTRY(...)`` line."""
+def pipe_entry_lines() -> list[tuple[int, int, int, int, int, int, int, str, str]]:
+    """(BM, BN, BK, WGM, WGN, STAGES, MINB, ITER enum, iterator name) of every ``PIPE_ENTRY(...)`` line."""
     src = hc.kernel_path(CU_FILE).read_text()
     lines = [ln for ln in src.splitlines() if ln.startswith("PIPE_ENTRY(")]
     out = []
     for ln in lines:
-        m = re.fullmatch(r"PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)\)\s*", ln)
+        m = re.fullmatch(r"PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)\)\s*", ln)
         assert m, f"{CU_FILE}: a PIPE_ENTRY line the Python reader would misread: {ln!r}"
-        out.append((*map(int, m.groups()[:6]), m[7], m[8]))
+        out.append((*map(int, m.groups()[:7]), m[8], m[9]))
     return out
 
 
@@ -97,7 +97,7 @@ def test_tile_name_round_trip_and_valid(name):
 @pytest.mark.parametrize(
     "tile, limit, expect",
     [
-        (TileDescription(64, 64, 32, 2, 2, 4, (16, 8, 8)), None, "instruction shape (16, 8, 8)"),
+        (TileDescription(64, 64, 32, 2, 2, 4, instruction=(16, 8, 8)), None, "instruction shape (16, 8, 8)"),
         (TileDescription(64, 64, 48, 2, 2, 4), None, "BK = 48"),
         (TileDescription(64, 64, 32, 2, 2, 1), None, "stages = 1"),
         (TileDescription(64, 64, 32, 0, 2, 4), None, "0 x 2 warps: need 1 .. 32 warps"),
@@ -111,8 +111,11 @@ def test_tile_name_round_trip_and_valid(name):
             48 * 1024,
             "needs 65536 B of shared memory per block; the limit is 49152 B",
         ),
-        (TileDescription(64, 128, 32, 2, 2, 4), None, f"{CU_FILE} has no entry point for 64x128x32_w2x2_s4"),
-        (TileDescription(64, 64, 64, 2, 2, 3), None, "no entry point for 64x64x64_w2x2_s3"),
+        (TileDescription(64, 128, 32, 2, 2, 4), None, f"{CU_FILE} has no entry point for 64x128x32_w2x2_s4_b1"),
+        (TileDescription(64, 64, 64, 2, 2, 3), None, "no entry point for 64x64x64_w2x2_s3_b1"),
+        (TileDescription(128, 128, 32, 2, 2, 4, 3), None, "min_blocks = 3: 3 blocks of 128 threads leave 170"),
+        (TileDescription(128, 128, 32, 2, 4, 4, 3), None, "min_blocks = 3: 3 blocks of 256 threads leave 85"),
+        (TileDescription(64, 64, 32, 2, 2, 4, 0), None, "min_blocks = 0"),
     ],
     ids=lambda v: v.name if isinstance(v, TileDescription) else None,
 )
@@ -137,7 +140,7 @@ def test_not_instantiated_lists_the_instantiated_ones():
     "bad", ["128x128x32", "128x128x32_w2x2", "128x128_w2x2_s4", "axbx32_w2x2_s4", "128x128x32_w2x2_s4 ", ""]
 )
 def test_parse_refuses_bad_names(bad):
-    with pytest.raises(ValueError, match="BMxBNxBK_wWMxWN_sSTAGES"):
+    with pytest.raises(ValueError, match="BMxBNxBK_wWMxWN_sSTAGES_bMINBLOCKS"):
         TileDescription.parse(bad)
 
 
@@ -150,10 +153,10 @@ def test_instantiated_list_matches_the_pipe_entry_lines():
     assert len(set(PAIRS)) == len(PAIRS), "a (tile, iterator) pair is instantiated twice"
     assert len(set(TILES)) == len(TILES)
     seen = set()
-    for bm, bn, bk, wm, wn, st, enum, itname in lines:
+    for bm, bn, bk, wm, wn, st, mb, enum, itname in lines:
         assert enum.lower() == itname, f"PIPE_ENTRY(..., {enum}, {itname}): the name does not match the iterator"
         assert itname in ITERATORS
-        t = TileDescription(bm, bn, bk, wm, wn, st)
+        t = TileDescription(bm, bn, bk, wm, wn, st, mb)
         assert itname in INSTANTIATED[t.name]
         seen.add((t.name, itname))
     assert seen == set(PAIRS)
@@ -165,14 +168,15 @@ def test_instantiated_list_matches_the_pipe_entry_lines():
 def test_entry_names_follow_the_macro():
     src = hc.kernel_path(CU_FILE).read_text()
     flat = re.sub(r"\s+", "", src)
-    assert "igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_##ITNAME##_##DT(" in flat
-    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,ITER,ITNAME,false,fp16)" in flat
-    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,ITER,ITNAME,true,bf16)" in flat
+    assert "igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(" in flat
+    assert "__launch_bounds__(32*WGM*WGN,MINB)" in flat
+    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,MINB,ITER,ITNAME,false,fp16)" in flat
+    assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,MINB,ITER,ITNAME,true,bf16)" in flat
     entries = expected_entries()
     assert len(entries) == 2 * len(PAIRS)
     for e in entries:
         assert re.fullmatch(
-            r"igemm_pipelined_\d+x\d+x\d+_w\d+x\d+_s\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
+            r"igemm_pipelined_\d+x\d+x\d+_w\d+x\d+_s\d+_b\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
         )
     assert V.entry in entries
     for t, it in PAIRS:
@@ -262,9 +266,9 @@ def test_iterator_reason_refusals():
 @pytest.mark.parametrize(
     "kw, expect",
     [
-        ({"tile": "64x128x32_w2x2_s4"}, "tile 64x128x32_w2x2_s4: 12_igemm_pipelined.cu has no entry point"),
+        ({"tile": "64x128x32_w2x2_s4"}, "tile 64x128x32_w2x2_s4_b1: 12_igemm_pipelined.cu has no entry point"),
         ({"tile": "256x256x32_w2x2_s3"}, "512 fp32 accumulators"),
-        ({"tile": TileDescription(64, 64, 32, 2, 2, 4, (16, 8, 8))}, "instruction shape"),
+        ({"tile": TileDescription(64, 64, 32, 2, 2, 4, instruction=(16, 8, 8))}, "instruction shape"),
         ({"tile": "64x64"}, "a tile name looks like"),
         ({"iterator": "bogus"}, "iterator 'bogus': choose one of"),
         ({"swizzle": 5}, "swizzle = 5"),
@@ -288,7 +292,7 @@ def test_forced_iterator_refused_per_problem():
     assert V.entry_for(c64).endswith("_optimized_fp16") and V.entry_for(c3).endswith("_few_channels_fp16")
     # a forced tile whose entry exists for another iterator only
     reason = make_pipelined(tile="256x64x32_w4x2_s4").supports(c3, smem_limit=2**31)
-    assert "256x64x32_w4x2_s4 is not instantiated with the few_channels iterator" in reason
+    assert "256x64x32_w4x2_s4_b1 is not instantiated with the few_channels iterator" in reason
     assert make_pipelined(tile="256x64x32_w4x2_s4").supports(c64, smem_limit=2**31) is None
 
 
@@ -471,7 +475,7 @@ def test_choose_tile_on_resnet50():
         assert t.reason() is None, (p.name, t.name)
         assert choose_iterator(p) in INSTANTIATED[t.name]
         assert V.supports(p, smem_limit=H200_SMEM) is None, p.name
-        assert blocks(p, t) >= MIN_BLOCKS or t.name == "64x64x32_w2x2_s4", (p.name, t.name)
+        assert blocks(p, t) >= MIN_BLOCKS or t.name in ("64x64x64_w2x2_s4_b1", "128x64x32_w2x2_s4_b1"), (p.name, t.name)
         if p.K <= 64:
             assert t.bn == 64, p.name
 
@@ -481,7 +485,7 @@ def test_choose_tile_for_element_iterators(C):
     for n in (1, 64):
         p = nhwc(N=n, C=C, H=56, W=56, K=64, R=3, S=3, padding=1)
         t = choose_tile(p)
-        assert t.name in ("128x64x32_w2x2_s4", "64x64x32_w2x2_s4") and choose_iterator(p) in INSTANTIATED[t.name]
+        assert t.name in ("128x64x32_w2x2_s4_b1", "64x64x32_w2x2_s4_b1") and choose_iterator(p) in INSTANTIATED[t.name]
         assert (t.bm == 128) == (blocks(p, TileDescription.parse("128x64x32_w2x2_s4")) >= MIN_BLOCKS)
 
 

@@ -61,6 +61,7 @@
 // stored 16 bytes at a time when K % 8 == 0 (16-byte aligned y), element by element otherwise.
 // Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 64 and P*Q < 2^31 (Python checks).
 // sm_80+ (cp.async, ldmatrix, bf16 mma.sync).
+#include <climits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -83,17 +84,17 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+// ldmatrix.x4 from a shared-memory byte address (32-bit, as __cvta_generic_to_shared gives it).
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 
 // 16-byte global -> shared copy; with valid == false nothing is read and 16 zero bytes are
 // written (src-size 0), which is how padding and out-of-range rows become zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N_>
@@ -139,7 +140,7 @@ struct Conv {
     int N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw;
 };
 
-template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int ITER, bool BF16>
+template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16>
 __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
                                                 const u16* cin, const u16* __restrict__ bias, const Conv cv,
                                                 float alpha, float beta, int relu, int swz_log) {
@@ -168,27 +169,48 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     const int k0 = tile_n * BN;
     const int ch = tid % CPRW, row0 = tid / CPRW;
 
-    // Per A chunk row: its pixel's input origin (h0, w0) and image base pointer.
+    // Per A chunk row: its pixel's input origin (h0, w0) and image base pointer. A row past M gets
+    // h0 = INT_MIN: h0 + r*dh stays negative, so the bounds test (below) masks it with no extra flag.
     int h0[A_PER], w0[A_PER];
     const u16* xn[A_PER];
     const u16* xo[A_PER];
-    bool a_row[A_PER];
+    const int PQ = cv.P * cv.Q;  // < 2^31 (checked in Python)
 #pragma unroll
     for (int u = 0; u < A_PER; ++u) {
         const idx_t m = m0 + row0 + ROWSTEP * u;
-        a_row[u] = m < M;
-        const idx_t PQ = (idx_t)cv.P * cv.Q;
-        const int n = a_row[u] ? (int)(m / PQ) : 0, pq = a_row[u] ? (int)(m % PQ) : 0;
-        h0[u] = (pq / cv.Q) * cv.sh - cv.ph;
-        w0[u] = (pq % cv.Q) * cv.sw - cv.pw;
-        xn[u] = x + (idx_t)n * H * W * C;  // image base (ANALYTIC / FEW_CHANNELS)
-        xo[u] = xn[u] + ((idx_t)h0[u] * W + w0[u]) * C;  // the pixel's tap (0, 0), maybe outside: read only when in
+        int n = 0, pq = 0;
+        if (M <= 0x7fffffff) {  // the usual case: 32-bit division, several times cheaper than 64-bit
+            n = (unsigned)m / (unsigned)PQ;
+            pq = (unsigned)m - (unsigned)n * PQ;
+        } else if (m < M) {
+            n = (int)(m / PQ);
+            pq = (int)(m % PQ);
+        }
+        const int p = pq / cv.Q, q = pq - p * cv.Q;
+        h0[u] = m < M ? p * cv.sh - cv.ph : INT_MIN;
+        w0[u] = q * cv.sw - cv.pw;
+        xn[u] = x + (idx_t)(m < M ? n : 0) * H * W * C;  // image base (ANALYTIC / FEW_CHANNELS)
+        xo[u] = xn[u] + ((idx_t)(m < M ? h0[u] : 0) * W + w0[u]) * C;  // tap (0, 0) of the pixel; read only when in
     }
     // Per B chunk row u: filter row k0 + row0 + ROWSTEP * u, at wk + u * ROWSTEP * KG (one pointer).
     const u16* wk = w + (idx_t)(k0 + row0) * KG;
+    const idx_t w_rows = (idx_t)ROWSTEP * KG;
     bool b_row[B_PER];
 #pragma unroll
     for (int u = 0; u < B_PER; ++u) b_row[u] = k0 + row0 + ROWSTEP * u < K;
+
+    // Shared-memory byte addresses. A row's swizzle key uses bits 0..2 of the row only, and every
+    // row offset below (ROWSTEP * u, 16 * i, 16 * j2) is a multiple of 8, so each thread's
+    // addresses are one computed base plus compile-time constants.
+    constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;  // bytes per stage
+    const unsigned sa_u = smem_addr(sa), sb_u = smem_addr(sb);
+    const unsigned a_dst = 2 * swz<BK>(row0, ch), b_dst = 2 * swz<BK>(row0, ch);  // + ROWSTEP*BK*2*u
+    unsigned a_frag[BK / 16], b_frag[BK / 16];  // ldmatrix addresses of slice kk, fragment 0
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+        a_frag[kk] = 2 * swz<BK>(WTM * wm + lane % 16, 2 * kk + lane / 16);
+        b_frag[kk] = 2 * swz<BK>(WTN * wn + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+    }
 
     // ---- iterators ------------------------------------------------------------------------
     // OPTIMIZED: step = (tap r, s; channels c0 .. c0 + BK), advanced after each load.
@@ -199,20 +221,18 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
         const bool c_in = c < C;
         const int dy = r * cv.dh, dx = s * cv.dw;
         const idx_t tap_off = ((idx_t)dy * W + dx) * C + c;  // the same for every row: once per step
-        u16* da = sa + slot * BM * BK;
-        u16* db = sb + slot * BN * BK;
+        const unsigned da = sa_u + slot * A_STAGE + a_dst, db = sb_u + slot * B_STAGE + b_dst;
 #pragma unroll
         for (int u = 0; u < A_PER; ++u) {
-            const int h = h0[u] + dy, ww = w0[u] + dx;
-            const bool in = a_row[u] && c_in && h >= 0 && h < H && ww >= 0 && ww < W;
-            const u16* src = in ? xo[u] + tap_off : x;
-            cp_async16(da + swz<BK>(row0 + ROWSTEP * u, ch), src, in);
+            const int h = h0[u] + dy, ww = w0[u] + dx;  // unsigned compares: h < 0 wraps above H
+            const bool in = c_in && (unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W;
+            cp_async16(da + ROWSTEP * BK * 2 * u, in ? xo[u] + tap_off : x, in);
         }
-        const int tap = (r * S + s) * C + c;
+        const u16* wt = wk + (r * S + s) * C + c;
 #pragma unroll
         for (int u = 0; u < B_PER; ++u) {
             const bool in = b_row[u] && c_in;
-            cp_async16(db + swz<BK>(row0 + ROWSTEP * u, ch), in ? wk + (idx_t)ROWSTEP * u * KG + tap : w, in);
+            cp_async16(db + ROWSTEP * BK * 2 * u, in ? wt + u * w_rows : w, in);
         }
         c0 += BK;
         if (c0 >= C) {
@@ -248,11 +268,11 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
 #pragma unroll
             for (int u = 0; u < A_PER; ++u) {
                 const int h = h0[u] + dy, ww = w0[u] + dx;
-                const bool in = a_row[u] && k_in && h >= 0 && h < H && ww >= 0 && ww < W;
+                const bool in = k_in && (unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W;
                 ra[u][e] = in ? xn[u][((idx_t)h * W + ww) * C + c] : (u16)0;
             }
 #pragma unroll
-            for (int u = 0; u < B_PER; ++u) rb[u][e] = (b_row[u] && k_in) ? wk[(idx_t)ROWSTEP * u * KG + kg] : (u16)0;
+            for (int u = 0; u < B_PER; ++u) rb[u][e] = (b_row[u] && k_in) ? wk[u * w_rows + kg] : (u16)0;
             if constexpr (ITER == FEW_CHANNELS) {
                 if (++c == C) {
                     c = 0;
@@ -306,14 +326,13 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     }
     // Warp fragments of one kk slice (16 of GEMM-K) of a stage: MI A fragments, NJ B fragments.
     auto load_frags = [&](unsigned (&af)[MI][4], unsigned (&bf)[NJ][2], int slot, int kk) {
-        const u16* ca = sa + slot * BM * BK;
-        const u16* cb = sb + slot * BN * BK;
+        const unsigned ca = sa_u + slot * A_STAGE + a_frag[kk], cb = sb_u + slot * B_STAGE + b_frag[kk];
 #pragma unroll
-        for (int i = 0; i < MI; ++i) ldsm_x4(af[i], ca + swz<BK>(WTM * wm + 16 * i + lane % 16, 2 * kk + lane / 16));
+        for (int i = 0; i < MI; ++i) ldsm_x4(af[i], ca + 16 * BK * 2 * i);  // rows 16i + lane % 16
 #pragma unroll
         for (int j2 = 0; j2 < NJ / 2; ++j2) {  // one ldmatrix.x4 = two 16(k) x 8(n) B fragments
             unsigned q[4];
-            ldsm_x4(q, cb + swz<BK>(WTN * wn + 16 * j2 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+            ldsm_x4(q, cb + 16 * BK * 2 * j2);
             bf[2 * j2][0] = q[0];
             bf[2 * j2][1] = q[1];
             bf[2 * j2 + 1][0] = q[2];
@@ -328,9 +347,12 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     };
     constexpr int KK = BK / 16;
     // Fragment double buffering needs a second set of fragments in registers: it pays where the
-    // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32); with 64 x 64
-    // warp tiles (128 accumulators) the extra 32 registers spill, so those run the plain loop.
-    constexpr bool FRAG_DB = ASYNC && MI * NJ * 4 <= 64;
+    // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32) and the
+    // register cap of __launch_bounds__ is generous (>= 160); otherwise (64 x 64 warp tiles, or
+    // 8 warps held to 128 registers for 2 blocks per SM) the extra registers would spill, so those
+    // run the plain loop.
+    constexpr int REG_CAP = 65536 / (THREADS * MINB);
+    constexpr bool FRAG_DB = ASYNC && MI * NJ * 4 <= 64 && REG_CAP >= 160;
     if constexpr (FRAG_DB) {
         // CUTLASS's multistage mainloop: the fragments of slice kk + 1 are read from shared memory
         // while the mma.sync of slice kk run; the wait and barrier for step t + 1 come before the
@@ -425,33 +447,36 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
 }
 
 // One entry point per (tile description, iterator, dtype):
-//   igemm_pipelined_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_<iterator>_<fp16|bf16>
+//   igemm_pipelined_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_b<MINB>_<iterator>_<fp16|bf16>
+// MINB is __launch_bounds__'s minimum number of resident blocks per SM: ptxas then keeps the
+// kernel within 65536 / (THREADS * MINB) registers per thread (occupancy traded for registers).
 // Arguments: x, w, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, cin, bias, alpha, beta,
 // relu, swz_log. THREADS = 32 * WGM * WGN.
-#define PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, BF16, DT)                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, 1)                                            \
-        igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_##ITNAME##_##DT(                        \
+#define PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, BF16, DT)                                  \
+    extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, MINB)                                         \
+        igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(              \
             const u16* __restrict__ x, const u16* __restrict__ w, u16* y, int N, int C, int H, int W, int K,  \
             int R, int S, int P, int Q, int sh, int sw, int ph, int pw, int dh, int dw, const u16* cin,        \
             const u16* __restrict__ bias, float alpha, float beta, int relu, int swz_log) {                    \
-        igemm_pipelined<BM, BN, BK, WGM, WGN, ST, ITER, BF16>(                                                 \
+        igemm_pipelined<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16>(                                                 \
             x, w, y, cin, bias, Conv{N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw}, alpha, beta, relu,   \
             swz_log);                                                                                          \
     }
-#define PIPE_ENTRY(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME)               \
-    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, false, fp16) \
-    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, ITER, ITNAME, true, bf16)
+#define PIPE_ENTRY(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME)               \
+    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16) \
+    PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, true, bf16)
 
 // PIPE_ENTRIES (helpers/pipelined.py reads this list; keep one entry per line)
-PIPE_ENTRY(128, 128, 32, 2, 2, 4, OPTIMIZED, optimized)
-PIPE_ENTRY(128, 256, 32, 2, 4, 3, OPTIMIZED, optimized)
-PIPE_ENTRY(256, 128, 32, 4, 2, 3, OPTIMIZED, optimized)
-PIPE_ENTRY(256, 64, 32, 4, 2, 4, OPTIMIZED, optimized)
-PIPE_ENTRY(128, 64, 32, 2, 2, 4, OPTIMIZED, optimized)
-PIPE_ENTRY(64, 64, 32, 2, 2, 4, OPTIMIZED, optimized)
-PIPE_ENTRY(128, 128, 32, 2, 4, 4, OPTIMIZED, optimized)
-PIPE_ENTRY(128, 128, 32, 2, 2, 3, OPTIMIZED, optimized)
-PIPE_ENTRY(128, 64, 32, 2, 2, 4, ANALYTIC, analytic)
-PIPE_ENTRY(64, 64, 32, 2, 2, 4, ANALYTIC, analytic)
-PIPE_ENTRY(128, 64, 32, 2, 2, 4, FEW_CHANNELS, few_channels)
-PIPE_ENTRY(64, 64, 32, 2, 2, 4, FEW_CHANNELS, few_channels)
+PIPE_ENTRY(128, 128, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 32, 2, 4, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 32, 2, 4, 4, 2, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 64, 2, 2, 3, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 128, 64, 2, 4, 3, 2, OPTIMIZED, optimized)
+PIPE_ENTRY(256, 64, 32, 4, 2, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(64, 64, 64, 2, 2, 4, 1, OPTIMIZED, optimized)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, 1, ANALYTIC, analytic)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, 1, ANALYTIC, analytic)
+PIPE_ENTRY(128, 64, 32, 2, 2, 4, 1, FEW_CHANNELS, few_channels)
+PIPE_ENTRY(64, 64, 32, 2, 2, 4, 1, FEW_CHANNELS, few_channels)
