@@ -43,7 +43,7 @@ def _grid_stride(n_items: int, per_block: int, grid: int) -> np.ndarray:
     """Count how often a grid-stride loop over ``grid*per_block`` threads visits each item."""
     counts = np.zeros(n_items, dtype=np.int64)
     for t in range(grid * per_block):  # the threads' starting indices
-        counts[t::grid * per_block] += 1
+        counts[t :: grid * per_block] += 1
     return counts
 
 
