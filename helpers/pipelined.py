@@ -215,8 +215,8 @@ def blocks(p: Conv2dProblem, t: TileDescription) -> int:
 #   GEMM-K); 4 warps of 64 x 64 (232 registers, 8 warps per SM) won a few large-K layers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).
-# On the sweep's numbers (day 12's notebook, section 9) the rule reaches 0.719x / 0.560x cuDNN
-# (N = 32 / 256) where the best tile per layer reaches 0.723x / 0.564x; it is fitted to these
+# In day 12's executed notebook (section 9's sweep) the rule reaches 0.715x / 0.556x cuDNN
+# (N = 32 / 256) where the best tile per layer reaches 0.717x / 0.560x; it is fitted to these
 # layers and this GPU (day 14 tunes per workload).
 MIN_BLOCKS = 200
 
