@@ -15,6 +15,7 @@ so C++ headers (``cuda_fp16.h``, ``mma.h``) work and the entry names are unmangl
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -180,6 +181,9 @@ def parse_ptxas(log: str) -> list[PtxasReport]:
 def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None) -> tuple[list[PtxasReport], str]:
     """Compile with plain ``nvcc -cubin -Xptxas -v`` (no GPU needed); return (reports, log).
 
+    Results are cached in-process by (file, its source and the headers' sources, arch, defines),
+    so tests that read the same build share one compile.
+
     Raises:
         FileNotFoundError: nvcc is not on PATH, or no such kernel file.
         RuntimeError: nvcc failed; the message holds its output.
@@ -187,13 +191,25 @@ def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None)
     if not nvcc_available():
         raise FileNotFoundError("nvcc is not on PATH")
     path = kernel_path(cu_file)
+    headers = tuple(sorted((h.name, h.read_text()) for h in KERNEL_DIR.glob("*.cuh")))
+    sources = (*headers, (path.name, path.read_text()))
+    reports, log = _nvcc_compile_cached(str(path), sources, arch, tuple(sorted((defines or {}).items())))
+    return list(reports), log
+
+
+@functools.lru_cache(maxsize=64)
+def _nvcc_compile_cached(
+    path_str: str, sources: tuple, arch: str, defines: tuple
+) -> tuple[tuple[PtxasReport, ...], str]:
+    """`nvcc_compile`'s work; ``sources`` is only the cache key (a changed file is a new key)."""
+    path, cu_file = Path(path_str), Path(path_str).name
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             "nvcc", "-cubin", f"-arch={arch}", "-Xptxas", "-v", *NVCC_OPTIONS,
-            *define_flags(defines), "-I", str(KERNEL_DIR), str(path), "-o", str(Path(tmp) / "k.cubin"),
+            *define_flags(dict(defines)), "-I", str(KERNEL_DIR), str(path), "-o", str(Path(tmp) / "k.cubin"),
         ]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
     if r.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {cu_file} ({arch}, {defines}):\n{log}")
-    return parse_ptxas(log), log
+        raise RuntimeError(f"nvcc failed for {cu_file} ({arch}, {dict(defines)}):\n{log}")
+    return tuple(parse_ptxas(log)), log

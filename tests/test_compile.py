@@ -7,6 +7,8 @@ PATH the compile tests skip (the `parse_ptxas` unit tests still run).
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -78,10 +80,22 @@ def test_kernel_files_exist():
         assert (hc.KERNEL_DIR / v.cu_file).is_file(), f"variant {v.name} names a missing file {v.cu_file}"
 
 
+@pytest.fixture(scope="module")
+def prewarmed():
+    """Run every build the tests below need at once, on all cores (nvcc is single-threaded)."""
+    jobs = [(f, a, d) for f in KERNEL_FILES for a in hc.ARCHS if not arch_skip_reason(f, a) for d in defines_for(f)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for f in [pool.submit(compile_once, *job) for job in jobs]:
+            try:
+                f.result()
+            except RuntimeError:
+                pass  # not cached: the test of that build runs it again and reports the error
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", hc.ARCHS)
 @pytest.mark.parametrize("cu_file", KERNEL_FILES)
-def test_compiles(cu_file: str, arch: str):
+def test_compiles(cu_file: str, arch: str, prewarmed):
     reason = arch_skip_reason(cu_file, arch)
     if reason:
         pytest.skip(reason)
