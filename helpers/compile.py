@@ -197,7 +197,7 @@ def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None)
     return list(reports), log
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache
 def _nvcc_compile_cached(
     path_str: str, sources: tuple, arch: str, defines: tuple
 ) -> tuple[tuple[PtxasReport, ...], str]:

@@ -39,7 +39,7 @@ from .check import Epilogue
 from .igemm import int32_reason
 from .mma import MIN_CC
 from .problem import Conv2dProblem
-from .variants import LaunchConfig, UnsupportedProblem, Variant, _validate, register
+from .variants import INT32_MAX, LaunchConfig, UnsupportedProblem, Variant, _validate, register
 
 CU_FILE = "12_igemm_pipelined.cu"
 INSTRUCTION = (16, 8, 16)  # mma.sync m16n8k16: the only instruction shape of the kernel
@@ -283,7 +283,7 @@ def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
     """None if ``cfg`` runs ``p``, else why not (tile, iterator, swizzle, 32-bit limits)."""
     if p.groups != 1:
         return f"needs groups=1; got {p.groups}"
-    reason = int32_reason(p)
+    reason = int32_reason(p) or int32_walk_reason(p, cfg.tile.bk)
     if reason:
         return reason
     reason = cfg.tile.reason(smem_limit=2**31)  # the device's limit is checked in `Variant.supports`
@@ -299,6 +299,23 @@ def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
         )
     if not 0 <= cfg.swizzle <= 4:
         return f"swizzle = {cfg.swizzle}: log2 of the filter tiles per A tile, 0 .. 4"
+    return None
+
+
+def int32_walk_reason(p: Conv2dProblem, bk: int) -> str | None:
+    """This kernel's own 32-bit limits, beyond `helpers.igemm.int32_reason`: its GEMM-K walks step
+    by BK (``CEIL_DIV(C, BK)``, ``c0 += BK``, ``t * BK``), so R·S·C + 2·BK must fit an int; and
+    the input row and column it tests, origin + tap offset (p·sh − ph + r·dh), must fit one too,
+    or the wrapped sum would pass the bounds test while the 64-bit address points elsewhere.
+    None, or the reason."""
+    if p.R * p.S * p.C + 2 * bk > INT32_MAX:
+        return f"GEMM-K = R*S*C = {p.R * p.S * p.C} plus two BK = {bk} steps does not fit the kernel's 32-bit walk"
+    axes = (("rows", p.P, p.stride[0], p.padding[0], p.R, p.dilation[0], p.H),
+            ("columns", p.Q, p.stride[1], p.padding[1], p.S, p.dilation[1], p.W))  # fmt: skip
+    for what, n_out, st, pad, taps, dil, size in axes:
+        reach = (n_out - 1) * st + (taps - 1) * dil + pad + size
+        if reach > INT32_MAX:
+            return f"input {what}: output origin + filter reach + padding + size = {reach} does not fit 32-bit offsets"
     return None
 
 
@@ -401,6 +418,36 @@ def make_pipelined(
 register(make_pipelined())
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two dense tensors share any byte of memory."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1 and a.device == b.device
+
+
+def _check_aliasing(x, w, y, cin, bias) -> None:
+    """y is written while other blocks still read x, w, Cin and bias: y may share memory with none
+    of them, except Cin being exactly y (each element is read by the thread that writes it)."""
+    for nm, t in (("x", x), ("w", w), ("bias", bias)):
+        if t is not None and _overlap(y, t):
+            raise ValueError(f"y overlaps {nm} in memory: the kernel writes y while other blocks read {nm}")
+    if cin is not None and _overlap(y, cin) and _byte_range(cin) != _byte_range(y):
+        raise ValueError("cin overlaps y without being y: pass y itself (in place) or a separate tensor")
+
+
+def _check_scalars(ep: Epilogue) -> None:
+    """alpha and beta go to the kernel as float32: they must be finite there, and a nonzero beta
+    must not round to 0 (the kernel would skip Cin while the caller expects it read)."""
+    for nm, v in (("alpha", ep.alpha), ("beta", ep.beta)):
+        with np.errstate(over="ignore"):  # an overflow is what this checks
+            f = float(np.float32(v))
+        if not np.isfinite(f) or (v != 0 and f == 0):
+            raise ValueError(f"epilogue {nm} = {v!r} is {f} in float32: pass a finite value the kernel can represent")
+
+
 def _check_operand(nm: str, t, shape: tuple, ref: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{nm} must be a torch.Tensor or None; got {type(t).__name__}")
@@ -431,7 +478,9 @@ def prepare_fused(
     Raises:
         everything `helpers.variants.prepare` raises, before any launch; TypeError/ValueError
         for a ``cin`` or ``bias`` of the wrong type, dtype, shape, layout or device; ValueError
-        if ``epilogue.beta != 0`` without ``cin``.
+        if ``epilogue.beta != 0`` without ``cin``, for alpha or beta that float32 cannot carry
+        (not finite, or a nonzero beta that rounds to 0), and for a y that shares memory with x,
+        w, bias or (other than being it) cin.
     """
     from . import variants as hv
     from .compile import load_kernel
@@ -446,8 +495,10 @@ def prepare_fused(
         _check_operand("bias", bias, (problem.K,), x)
     if epilogue.beta != 0 and cin is None:
         raise ValueError(f"epilogue beta = {epilogue.beta} needs cin (the tensor it scales)")
+    _check_scalars(epilogue)
     if y is None:
         y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
+    _check_aliasing(x, w, y, cin, bias)
     cfg = v.launch(problem)
     k = load_kernel(v.cu_file, v.entry_for(problem), v.defines, dynamic_smem=cfg.shared_bytes)
     if cfg.threads_per_block > k.max_threads_per_block:

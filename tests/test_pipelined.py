@@ -605,3 +605,48 @@ def test_prepare_fused_operand_refusals(no_gpu_checks):
             prepare_fused(p, x, w, cin, bad, ep)
     with pytest.raises(ValueError, match=r"epilogue beta = 2.0 needs cin"):
         prepare_fused(p, x, w, None, bias, Epilogue(beta=2.0))
+
+
+def test_prepare_fused_refuses_aliasing(no_gpu_checks):
+    """y is written while other blocks read x, w, bias and Cin: shared memory is refused, except
+    Cin being exactly y (in place)."""
+    p = nhwc(N=1, C=8, H=6, W=6, K=8, R=1, S=1)  # 1x1, C == K: x and y have one shape
+    x, w = p.make_inputs()
+    cin, bias = _epilogue_operands(p)
+    ep = Epilogue(alpha=1.0, beta=1.0)
+    with pytest.raises(ValueError, match="y overlaps x in memory"):
+        prepare_fused(p, x, w, cin, bias, ep, y=x)
+    big = torch.zeros(2 * cin.numel(), dtype=cin.dtype)
+    y, shifted = big[: cin.numel()].view(cin.shape), big[64 : 64 + cin.numel()].view(cin.shape)
+    with pytest.raises(ValueError, match="cin overlaps y without being y"):
+        prepare_fused(p, x, w, shifted, bias, ep, y=y)
+    with pytest.raises(ValueError, match="y overlaps bias in memory"):
+        prepare_fused(p, x, w, cin, y.view(-1)[: p.K], ep, y=y)
+    with pytest.raises(_Compiled):  # in place: Cin is y itself
+        prepare_fused(p, x, w, y, bias, ep, y=y)
+    with pytest.raises(_Compiled):  # Cin may share memory with the inputs: all of them are only read
+        prepare_fused(p, x, w, x.clone().view(cin.shape), bias, ep, y=torch.zeros_like(cin))
+
+
+@pytest.mark.parametrize(
+    "ep, msg",
+    [(Epilogue(alpha=1e39), "alpha = 1e+39 is inf in float32"), (Epilogue(alpha=float("nan")), "alpha = nan"),
+     (Epilogue(beta=1e-50), "beta = 1e-50 is 0.0 in float32")],
+)  # fmt: skip
+def test_prepare_fused_refuses_scalars_float32_cannot_carry(no_gpu_checks, ep, msg):
+    p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    cin, bias = _epilogue_operands(p)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        prepare_fused(p, x, w, cin, bias, ep)
+
+
+def test_kernel_32_bit_walk_limits():
+    """GEMM-K walks in steps of BK, and the input row/column tested is origin + tap offset: both are
+    32-bit in the kernel, so problems where they would wrap are refused (the automatic variant and
+    a forced BK = 64 tile)."""
+    wide_c = nhwc(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1)
+    assert "plus two BK = 64 steps" in make_pipelined(tile="64x64x64_w2x2_s4_b1").supports(wide_c, smem_limit=2**31)
+    far = nhwc(N=1, C=8, H=4, W=1, K=8, R=3, S=1, stride=(2**20, 1), padding=(2**31 - 1, 0), dilation=(2**30 + 1, 1))
+    assert "input rows" in V.supports(far, smem_limit=2**31)
+    assert hp.int32_walk_reason(nhwc(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1), 64) is None

@@ -74,6 +74,7 @@ PROBLEMS = [
     nhwc(N=2, C=1, H=17, W=19, K=24, R=3, S=3, padding=1),
     nhwc(N=1, C=5, H=12, W=10, K=40, R=5, S=5, padding=2, stride=(1, 2)),
     nhwc(N=1, C=45, H=11, W=13, K=33, R=3, S=3, padding=1),  # analytic only
+    nhwc(N=2, C=8, H=9, W=7, K=24, R=1, S=1),  # one GEMM-K step: the ring never fills, no step to prefetch
 ]
 PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]
 FORCED = {(t, it): make_pipelined(name=f"igemm_pipelined[{t},{it}]", tile=t, iterator=it) for t, it in PAIRS}
@@ -297,3 +298,15 @@ def test_int_inputs_match_torch_bit_for_bit(p):
     y = run("igemm_pipelined", p, x, w)
     ref = F.conv2d(p.to_nchw(x), p.w_to_kcrs(w), **p.torch_kwargs())
     assert torch.equal(p.to_nchw(y), ref)
+
+
+def test_beta_zero_never_reads_cin():
+    """beta = 0: the kernel must not read Cin (a NaN there would otherwise reach y)."""
+    p = nhwc(N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
+    x, w = p.make_inputs(device="cuda", kind="int")
+    cin = torch.full(p.y_shape, float("nan"), dtype=p.torch_dtype, device="cuda")
+    launch, y = prepare_fused(p, x, w, cin, None, Epilogue(alpha=1.0, beta=0.0))
+    y.fill_(float("nan"))
+    launch()
+    torch.cuda.synchronize()
+    assert bitwise_equal(y, run(V, p, x, w))
