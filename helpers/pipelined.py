@@ -107,8 +107,9 @@ class TileDescription:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the ring, or the output staging tile BM x (BN + 8) if larger."""
-        return max(self.ring_bytes, self.bm * (self.bn + 8) * 2)
+        """Dynamic shared memory: the ring, or the epilogue's staging tile BM x (BN + 8) if larger
+        (fp32 elements: the tile it stages before adding Cin)."""
+        return max(self.ring_bytes, self.bm * (self.bn + 8) * 4)
 
     @property
     def accumulators_per_thread(self) -> int:
@@ -478,7 +479,7 @@ def prepare_fused(
     Raises:
         everything `helpers.variants.prepare` raises, before any launch; TypeError/ValueError
         for a ``cin`` or ``bias`` of the wrong type, dtype, shape, layout or device; ValueError
-        if ``epilogue.beta != 0`` without ``cin``, for alpha or beta that float32 cannot carry
+        for a ``cin`` not 16-byte aligned when K % 8 == 0, if ``epilogue.beta != 0`` without ``cin``, for alpha or beta that float32 cannot carry
         (not finite, or a nonzero beta that rounds to 0), and for a y that shares memory with x,
         w, bias or (other than being it) cin.
     """
@@ -491,6 +492,9 @@ def prepare_fused(
     _validate(v, problem, x, w, y)
     if cin is not None:
         _check_operand("cin", cin, problem.y_shape, x)
+        if problem.K % 8 == 0 and cin.data_ptr() % VEC_ALIGN:
+            raise ValueError(f"cin.data_ptr() is not {VEC_ALIGN}-byte aligned (read 16 bytes at a time when "
+                             "K % 8 == 0; a view with a storage offset?): pass cin.clone()")  # fmt: skip
     if bias is not None:
         _check_operand("bias", bias, (problem.K,), x)
     if epilogue.beta != 0 and cin is None:

@@ -41,17 +41,17 @@
 //    tile. Grid (ceil(M/BM) << LOG, ceil(ceil(K/BN) / 2^LOG)); blocks past the last filter tile
 //    return at once.
 // 5. Epilogue D = act(alpha * conv(x, w) + beta * Cin + bias), act = identity or ReLU, in fp32
-//    on the accumulators, rounded once to the output dtype; then staged through shared memory
-//    so each thread stores whole 16-byte runs of 8 channels. Cin has y's shape and may be y
-//    itself (in place: every element is read by the thread that computes it, before the
-//    barrier that precedes the stores). bias has K elements. Both optional (nullptr).
+//    on the accumulators, rounded once to the output dtype. The tile is staged through shared
+//    memory so each thread reads Cin and stores y in whole 16-byte runs of 8 channels. Cin has
+//    y's shape and may be y itself (in place: each run of Cin is read by the thread that then
+//    stores that run of y). bias has K elements. Both optional (nullptr).
 //
 // Mapping (per block, THREADS = 32 * WGM * WGN):
 //   warp = tid / 32, wm = warp / WGN, wn = warp % WGN, lane = tid % 32
 //   accumulator rows m0 + WTM*wm + 16*i + {lane/4, lane/4 + 8}, cols k0 + WTN*wn + 8*j + 2*(lane%4) + {0,1}
 //   loads: chunk (row = tid / (BK/8) + (THREADS / (BK/8)) * u, ch = tid % (BK/8)) of A and of B
-// Shared memory: STAGES * (BM + BN) * BK * 2 bytes for the ring; the output staging tile
-//   BM * (BN + 8) * 2 bytes reuses it (dynamic shared memory = the larger of the two).
+// Shared memory: STAGES * (BM + BN) * BK * 2 bytes for the ring; the output staging tile reuses
+//   it: BM * (BN + 8) halves, or floats when Cin is read (dynamic shared memory = the larger).
 // Shared layout: a stage row is BK halves; 16-byte chunk ch of row r sits at chunk
 //   ch ^ ((r >> 1) & 3) for BK = 32 (day 11's swizzle), ch ^ (r & 7) for BK = 64: ldmatrix and
 //   the cp.async stores are conflict-free.
@@ -346,13 +346,15 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
             for (int j = 0; j < NJ; ++j) mma16816<BF16>(acc[i][j], af[i], bf[j][0], bf[j][1]);
     };
     constexpr int KK = BK / 16;
-    // Fragment double buffering needs a second set of fragments in registers: it pays where the
-    // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32) and the
-    // register cap of __launch_bounds__ is generous (>= 160); otherwise (64 x 64 warp tiles, or
-    // 8 warps held to 128 registers for 2 blocks per SM) the extra registers would spill, so those
-    // run the plain loop.
+    // Fragment double buffering needs a second set of fragments in registers: it runs where the
+    // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32) under a
+    // register cap of at least 160, and on 64 x 64 warp tiles when __launch_bounds__ leaves the
+    // full 255 registers and each thread loads at most 8 chunk rows per stage (128 accumulators +
+    // 64 fragment registers + the row pointers fit). Elsewhere the second set would spill (the
+    // 8-warp tiles held to 128 registers for 2 blocks per SM, 4-warp BK = 64 tiles on sm_120):
+    // those run the plain loop.
     constexpr int REG_CAP = 65536 / (THREADS * MINB);
-    constexpr bool FRAG_DB = ASYNC && MI * NJ * 4 <= 64 && REG_CAP >= 160;
+    constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || (REG_CAP >= 255 && A_PER + B_PER <= 8));
     if constexpr (FRAG_DB) {
         // CUTLASS's multistage mainloop: the fragments of slice kk + 1 are read from shared memory
         // while the mma.sync of slice kk run; the wait and barrier for step t + 1 come before the
@@ -400,49 +402,111 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     cp_wait<0>();
     __syncthreads();  // every warp is done with the ring: reuse it for the output tile
 
-    // ---- epilogue: D = act(alpha * acc + beta * Cin + bias), staged as so[BM][BN + 8] --------
-    constexpr int SOW = BN + 8;  // +8 halves: the pair stores of a warp hit distinct banks
-    u16* so = smem;
+    // ---- epilogue: D = act(alpha * acc + beta * Cin + bias) -------------------------------
+    // Two passes through shared memory. Pass 1: each thread puts its accumulators, times alpha
+    // plus bias, into a staging tile. Pass 2: each thread takes 16-byte runs of 8 channels of
+    // one output row, so every global access (Cin reads, y stores) is 16 bytes and coalesced.
+    // Without Cin, pass 1 also applies ReLU and rounds: the staging tile is the output itself,
+    // so[BM][BN + 8] halves, and pass 2 is a copy. With Cin, the staging tile is fp32,
+    // sf[BM][BN + 8] floats, and pass 2 adds beta * Cin, applies ReLU and rounds once.
+    // The + 8 pads make pass 1's stores conflict-free (each quarter-warp covers all 32 banks).
+    constexpr int SOW = BN + 8;
+    constexpr int CPR = BN / 8;                // 16-byte runs (8 channels) per output row
+    constexpr int RSTEP = THREADS / CPR;       // rows one pass of the block covers
+    constexpr int OUT_ITERS = BM / RSTEP;      // runs per thread
+    static_assert(THREADS % CPR == 0 && BM % RSTEP == 0, "epilogue shape");
     const bool with_c = cin != nullptr && beta != 0.0f;
+    // The accumulator element (i, j, hf) sits at row WTM*wm + 16i + lane/4 + 8hf, column
+    // WTN*wn + 8j + 2*(lane%4) of the tile: one base offset plus compile-time constants.
+    const int st_row = WTM * wm + lane / 4, st_col = WTN * wn + 2 * (lane % 4);
+    float bv[2];  // bias of this thread's two columns of fragment column j
+    auto load_bias = [&](int j) {
+        const int k = k0 + st_col + 8 * j;
+        bv[0] = (bias != nullptr && k < K) ? to_f32<BF16>(bias[k]) : 0.0f;
+        bv[1] = (bias != nullptr && k + 1 < K) ? to_f32<BF16>(bias[k + 1]) : 0.0f;
+    };
+    if (!with_c) {
+        u16* so = smem;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        const int col = WTN * wn + 8 * j + 2 * (lane % 4), k = k0 + col;
-        const float b0 = (bias != nullptr && k < K) ? to_f32<BF16>(bias[k]) : 0.0f;
-        const float b1 = (bias != nullptr && k + 1 < K) ? to_f32<BF16>(bias[k + 1]) : 0.0f;
+        for (int j = 0; j < NJ; ++j) {
+            load_bias(j);
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int row = WTM * wm + 16 * i + lane / 4 + 8 * hf;
-                float v0 = alpha * acc[i][j][2 * hf] + b0, v1 = alpha * acc[i][j][2 * hf + 1] + b1;
-                const idx_t m = m0 + row;
-                if (with_c && m < M) {
-                    if (k < K) v0 += beta * to_f32<BF16>(cin[m * K + k]);
-                    if (k + 1 < K) v1 += beta * to_f32<BF16>(cin[m * K + k + 1]);
+                for (int hf = 0; hf < 2; ++hf) {
+                    float v0 = alpha * acc[i][j][2 * hf] + bv[0], v1 = alpha * acc[i][j][2 * hf + 1] + bv[1];
+                    if (relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does (fmaxf would give 0)
+                        v0 = v0 < 0.0f ? 0.0f : v0;
+                        v1 = v1 < 0.0f ? 0.0f : v1;
+                    }
+                    *reinterpret_cast<unsigned*>(so + (st_row + 16 * i + 8 * hf) * SOW + st_col + 8 * j) =
+                        pack2<BF16>(v0, v1);
                 }
-                if (relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does (fmaxf would give 0)
+        }
+    } else {
+        float* sf = reinterpret_cast<float*>(smem);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            load_bias(j);
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf)
+                    *reinterpret_cast<float2*>(sf + (st_row + 16 * i + 8 * hf) * SOW + st_col + 8 * j) =
+                        make_float2(alpha * acc[i][j][2 * hf] + bv[0], alpha * acc[i][j][2 * hf + 1] + bv[1]);
+        }
+    }
+    __syncthreads();
+    // Pass 2: thread tid takes run cc = tid % CPR of rows tid / CPR + RSTEP * it.
+    const int cc = tid % CPR, orow = tid / CPR, k = k0 + 8 * cc;
+    if (k >= K) return;  // no barrier follows
+    const bool vec = K % 8 == 0;  // whole 16-byte runs, 16-byte aligned (y and Cin checked in Python)
+    const idx_t m_first = m0 + orow;
+    u16* dst = y + m_first * K + k;
+    const u16* cs = with_c ? cin + m_first * K + k : nullptr;
+    const idx_t row_step = (idx_t)RSTEP * K;
+#pragma unroll 4
+    for (int it = 0; it < OUT_ITERS; ++it) {
+        const int row = orow + RSTEP * it;
+        if (m_first + RSTEP * it >= M) break;  // rows only grow with it
+        uint4 out;
+        u16* o = reinterpret_cast<u16*>(&out);
+        if (!with_c) {
+            out = *reinterpret_cast<const uint4*>(smem + row * SOW + 8 * cc);
+        } else {
+            const float* src = reinterpret_cast<const float*>(smem) + row * SOW + 8 * cc;
+            const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint4 craw;
+            const u16* cr = reinterpret_cast<const u16*>(&craw);
+            if (vec) {
+                craw = *reinterpret_cast<const uint4*>(cs);
+            } else {
+                u16 ce[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ce[e] = k + e < K ? cs[e] : (u16)0;
+                craw = make_uint4(ce[0] | (unsigned)ce[1] << 16, ce[2] | (unsigned)ce[3] << 16,
+                                  ce[4] | (unsigned)ce[5] << 16, ce[6] | (unsigned)ce[7] << 16);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float v0 = v[e] + beta * to_f32<BF16>(cr[e]), v1 = v[e + 1] + beta * to_f32<BF16>(cr[e + 1]);
+                if (relu) {
                     v0 = v0 < 0.0f ? 0.0f : v0;
                     v1 = v1 < 0.0f ? 0.0f : v1;
                 }
-                *reinterpret_cast<unsigned*>(so + row * SOW + col) = pack2<BF16>(v0, v1);
+                reinterpret_cast<unsigned*>(&out)[e / 2] = pack2<BF16>(v0, v1);
             }
-    }
-    __syncthreads();
-    const bool vec = K % 8 == 0;
-    constexpr int CPR = BN / 8;  // 16-byte chunks per output row
-#pragma unroll 4
-    for (int idx = tid; idx < BM * CPR; idx += THREADS) {
-        const int row = idx / CPR, cc = idx % CPR;
-        const idx_t m = m0 + row;
-        const int k = k0 + 8 * cc;
-        if (m >= M || k >= K) continue;
-        u16* dst = y + m * K + k;
-        const u16* src = so + row * SOW + 8 * cc;
-        if (vec) {
-            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        } else {
-            for (int e = 0; e < 8 && k + e < K; ++e) dst[e] = src[e];
+            cs += row_step;
         }
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = out;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (k + e < K) dst[e] = o[e];
+        }
+        dst += row_step;
     }
 }
 
