@@ -116,6 +116,19 @@ class TileDescription:
         wm, wn = self.warp_tile
         return wm * wn // 32
 
+    def fragment_double_buffering(self, iterator: str = "optimized") -> bool:
+        """Whether the kernel runs its fragment-double-buffered main loop (``FRAG_DB``) for this
+        description: the ``optimized`` iterator, and either warp tiles of at most 64 accumulators
+        per thread under a register cap (65536 / (threads · min_blocks)) of at least 160, or a cap
+        of at least 255 with at most 8 loader chunk rows (A and B) per thread. Mirrors the
+        ``constexpr bool FRAG_DB`` of ``12_igemm_pipelined.cu``."""
+        reg_cap = 65536 // (self.threads * max(self.min_blocks, 1))
+        rows_per_pass = self.threads // (self.bk // 8)
+        chunk_rows = self.bm // rows_per_pass + self.bn // rows_per_pass
+        return iterator == "optimized" and (
+            (self.accumulators_per_thread <= 64 and reg_cap >= 160) or (reg_cap >= 255 and chunk_rows <= 8)
+        )
+
     def reason(self, smem_limit: int = MAX_SMEM_PER_BLOCK) -> str | None:
         """None if the kernel can be built and launched with this description, else why not.
 
@@ -207,25 +220,25 @@ def blocks(p: Conv2dProblem, t: TileDescription) -> int:
     return _cdiv(p.gemm.m, t.bm) * _cdiv(p.K, t.bn)
 
 
-# The tile rule (see `choose_tile`), fitted to day 12's sweep of the optimized tile descriptions
-# over the 38 ResNet-50 layers (N = 32 and 256, fp16) on the H200 (132 SMs). What won:
-# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 166 registers, 3 blocks per SM): a 128-wide
+# The tile rule (see `choose_tile`), fitted to sweeps of the optimized tile descriptions over the
+# 38 ResNet-50 layers (N = 32 and 256, fp16) on the H200 (132 SMs). What won:
+# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 164 registers, 3 blocks per SM): a 128-wide
 #   filter tile would be half empty;
-# * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 64 with 3 stages and 8 warps
-#   of 64 x 32 held to 128 registers (min_blocks = 2: 16 warps per SM, one barrier per 64 of
-#   GEMM-K); 4 warps of 64 x 64 (232 registers, 8 warps per SM) won a few large-K layers;
+# * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 32 with 4 warps of 64 x 64
+#   and fragment double buffering (245 registers, 2 blocks per SM); the 8-warp 128 x 128 x 64
+#   held to 128 registers (min_blocks = 2, 16 warps per SM, no fragment double buffering) wins
+#   only a few short-K layers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).
-# In day 12's executed notebook (section 9's sweep) the rule reaches 0.715x / 0.556x cuDNN
-# (N = 32 / 256) where the best tile per layer reaches 0.717x / 0.560x; it is fitted to these
-# layers and this GPU (day 14 tunes per workload).
+# Day 12's executed notebook (section 9) runs the sweep and compares the rule with the best tile
+# per layer; the rule is fitted to these layers and this GPU (day 14 tunes per workload).
 MIN_BLOCKS = 200
 
 
 def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescription:
     """The tile description ``igemm_pipelined`` runs for ``p`` (the rule above).
 
-    ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x64_w2x4_s3_b2 if it makes at
+    ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x32_w2x2_s4_b1 if it makes at
     least `MIN_BLOCKS` tiles, else 128x64x32_w2x2_s4_b1 if that does, else 64x64x64_w2x2_s4_b1.
     ``analytic``/``few_channels``: 128x64x32_w2x2_s4_b1 if it makes `MIN_BLOCKS` tiles, else
     64x64x32_w2x2_s4_b1.
@@ -234,7 +247,7 @@ def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescriptio
     mid = TileDescription.parse("128x64x32_w2x2_s4_b1")
     if it != "optimized":
         return mid if blocks(p, mid) >= MIN_BLOCKS else TileDescription.parse("64x64x32_w2x2_s4_b1")
-    big = TileDescription.parse("128x128x64_w2x4_s3_b2")
+    big = TileDescription.parse("128x128x32_w2x2_s4_b1")
     if p.K > 64 and blocks(p, big) >= MIN_BLOCKS:
         return big
     if p.K <= 64 or blocks(p, mid) >= MIN_BLOCKS:
@@ -479,7 +492,8 @@ def prepare_fused(
     Raises:
         everything `helpers.variants.prepare` raises, before any launch; TypeError/ValueError
         for a ``cin`` or ``bias`` of the wrong type, dtype, shape, layout or device; ValueError
-        for a ``cin`` not 16-byte aligned when K % 8 == 0, if ``epilogue.beta != 0`` without ``cin``, for alpha or beta that float32 cannot carry
+        for a ``cin`` not 16-byte aligned when K % 8 == 0, if ``epilogue.beta != 0`` without
+        ``cin``, for alpha or beta that float32 cannot carry
         (not finite, or a nonzero beta that rounds to 0), and for a y that shares memory with x,
         w, bias or (other than being it) cin.
     """

@@ -480,6 +480,37 @@ def test_choose_tile_on_resnet50():
             assert t.bn == 64, p.name
 
 
+def test_large_k_layers_take_the_64x64_warp_tile():
+    p = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 784 tiles of 128 x 128
+    assert choose_tile(p).name == "128x128x32_w2x2_s4_b1"
+    small = nhwc(N=1, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 4 tiles: more, smaller blocks
+    assert choose_tile(small).name == "64x64x64_w2x2_s4_b1"
+
+
+@pytest.mark.parametrize(
+    "name, iterator, expect",
+    [
+        ("128x64x32_w2x2_s4_b1", "optimized", True),  # 64 x 32 warp tiles, cap 512
+        ("128x128x32_w2x4_s4_b2", "optimized", False),  # 64 x 32 warp tiles, but held to 128 registers
+        ("128x128x64_w2x4_s3_b2", "optimized", False),
+        ("128x128x32_w2x2_s4_b1", "optimized", True),  # 64 x 64, cap 255, 4 + 4 chunk rows
+        ("128x128x64_w2x2_s3_b1", "optimized", False),  # 64 x 64, 8 + 8 chunk rows: would spill
+        ("128x64x32_w2x2_s4_b1", "analytic", False),  # register-staged loads: the plain loop
+    ],
+)
+def test_fragment_double_buffering_mirrors_the_kernel(name, iterator, expect):
+    assert TileDescription.parse(name).fragment_double_buffering(iterator) is expect
+
+
+def test_frag_db_condition_is_the_kernels():
+    src = hc.kernel_path(CU_FILE).read_text()
+    line = next(ln.strip() for ln in src.splitlines() if "constexpr bool FRAG_DB" in ln)
+    assert line == (
+        "constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || "
+        "(REG_CAP >= 255 && A_PER + B_PER <= 8));"
+    ), "the kernel's FRAG_DB changed: update TileDescription.fragment_double_buffering and this test"
+
+
 @pytest.mark.parametrize("C", [1, 3, 12, 45])
 def test_choose_tile_for_element_iterators(C):
     for n in (1, 64):

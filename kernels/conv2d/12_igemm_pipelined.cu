@@ -186,7 +186,7 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
             n = (int)(m / PQ);
             pq = (int)(m % PQ);
         }
-        const int p = pq / cv.Q, q = pq - p * cv.Q;
+        const int p = (unsigned)pq / (unsigned)cv.Q, q = pq - p * cv.Q;  // unsigned: cheaper than signed
         h0[u] = m < M ? p * cv.sh - cv.ph : INT_MIN;
         w0[u] = q * cv.sw - cv.pw;
         xn[u] = x + (idx_t)(m < M ? n : 0) * H * W * C;  // image base (ANALYTIC / FEW_CHANNELS)

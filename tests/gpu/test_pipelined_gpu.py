@@ -269,6 +269,8 @@ def test_bad_epilogue_operands_refused():
         prepare_fused(p, x, w, cin, bias[:-1], Epilogue(beta=1.0), y)
     with pytest.raises(ValueError, match="needs cin"):
         prepare_fused(p, x, w, None, bias, Epilogue(beta=1.0), y)
+    with pytest.raises(ValueError, match=r"cin\.data_ptr"):  # K % 8 == 0: Cin is read 16 bytes at a time
+        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=1.0), y)
     torch.cuda.synchronize()
     assert bool((y == 7.0).all()), "y was touched before the refusal"
 
