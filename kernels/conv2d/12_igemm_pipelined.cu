@@ -12,10 +12,10 @@
 //                  __syncthreads();  issue step t + STAGES - 1 into slot (t - 1) % STAGES;
 //                  mma.sync on slot t % STAGES
 //    The slot refilled at step t is the one every warp finished at step t - 1 (the barrier
-//    proves it), so one barrier per step suffices. Where registers allow (warp tiles of at most
-//    64 x 32), warp fragments are double-buffered too: ldmatrix for slice kk + 1 of GEMM-K
-//    issues before the mma.sync of slice kk (CUTLASS's multistage mainloop). Padding and out-of-range rows or channels
-//    are zero-filled by cp.async itself: src-size 0 writes 16 zero bytes and reads nothing.
+//    proves it), so one barrier per step suffices. Where registers allow (see FRAG_DB below),
+//    warp fragments are double-buffered too: ldmatrix for slice kk + 1 of GEMM-K issues before
+//    the mma.sync of slice kk (CUTLASS's multistage mainloop). Padding and out-of-range rows or
+//    channels are zero-filled by cp.async itself: src-size 0 writes 16 zero bytes and reads nothing.
 // 2. Tile descriptions as template parameters: block tile BM x BN x BK, WGM x WGN warps (warp
 //    tile BM/WGM x BN/WGN of 16 x 8 mma tiles), STAGES; the instruction is m16n8k16. One entry
 //    point per instantiated description (PIPE_ENTRIES below; helpers/pipelined.py names them
@@ -58,7 +58,8 @@
 //
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
 // groups = 1, any stride/padding/dilation/filter. OPTIMIZED needs x and w 16-byte aligned; y is
-// stored 16 bytes at a time when K % 8 == 0 (16-byte aligned y), element by element otherwise.
+// stored and Cin read 16 bytes at a time when K % 8 == 0 (both 16-byte aligned), element by
+// element otherwise.
 // Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 64 and P*Q < 2^31 (Python checks).
 // sm_80+ (cp.async, ldmatrix, bf16 mma.sync).
 #include <climits>
@@ -419,42 +420,34 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     // The accumulator element (i, j, hf) sits at row WTM*wm + 16i + lane/4 + 8hf, column
     // WTN*wn + 8j + 2*(lane%4) of the tile: one base offset plus compile-time constants.
     const int st_row = WTM * wm + lane / 4, st_col = WTN * wn + 2 * (lane % 4);
-    float bv[2];  // bias of this thread's two columns of fragment column j
-    auto load_bias = [&](int j) {
-        const int k = k0 + st_col + 8 * j;
-        bv[0] = (bias != nullptr && k < K) ? to_f32<BF16>(bias[k]) : 0.0f;
-        bv[1] = (bias != nullptr && k + 1 < K) ? to_f32<BF16>(bias[k + 1]) : 0.0f;
-    };
-    if (!with_c) {
-        u16* so = smem;
+    // Pass 1 visits every accumulator pair (v0, v1) = alpha * acc + bias with its tile row and
+    // column; `put` stores it in the staging tile's format.
+    auto stage = [&](auto&& put) {
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            load_bias(j);
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    float v0 = alpha * acc[i][j][2 * hf] + bv[0], v1 = alpha * acc[i][j][2 * hf + 1] + bv[1];
-                    if (relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does (fmaxf would give 0)
-                        v0 = v0 < 0.0f ? 0.0f : v0;
-                        v1 = v1 < 0.0f ? 0.0f : v1;
-                    }
-                    *reinterpret_cast<unsigned*>(so + (st_row + 16 * i + 8 * hf) * SOW + st_col + 8 * j) =
-                        pack2<BF16>(v0, v1);
-                }
-        }
-    } else {
-        float* sf = reinterpret_cast<float*>(smem);
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            load_bias(j);
+            const int k = k0 + st_col + 8 * j;  // bias of this thread's two columns of fragment column j
+            const float b0 = (bias != nullptr && k < K) ? to_f32<BF16>(bias[k]) : 0.0f;
+            const float b1 = (bias != nullptr && k + 1 < K) ? to_f32<BF16>(bias[k + 1]) : 0.0f;
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf)
-                    *reinterpret_cast<float2*>(sf + (st_row + 16 * i + 8 * hf) * SOW + st_col + 8 * j) =
-                        make_float2(alpha * acc[i][j][2 * hf] + bv[0], alpha * acc[i][j][2 * hf + 1] + bv[1]);
+                    put(st_row + 16 * i + 8 * hf, st_col + 8 * j, alpha * acc[i][j][2 * hf] + b0,
+                        alpha * acc[i][j][2 * hf + 1] + b1);
         }
+    };
+    if (!with_c) {
+        stage([&](int row, int col, float v0, float v1) {
+            if (relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does (fmaxf would give 0)
+                v0 = v0 < 0.0f ? 0.0f : v0;
+                v1 = v1 < 0.0f ? 0.0f : v1;
+            }
+            *reinterpret_cast<unsigned*>(smem + row * SOW + col) = pack2<BF16>(v0, v1);
+        });
+    } else {
+        stage([&](int row, int col, float v0, float v1) {
+            *reinterpret_cast<float2*>(reinterpret_cast<float*>(smem) + row * SOW + col) = make_float2(v0, v1);
+        });
     }
     __syncthreads();
     // Pass 2: thread tid takes run cc = tid % CPR of rows tid / CPR + RSTEP * it.
