@@ -44,7 +44,7 @@ from .variants import INT32_MAX, LaunchConfig, UnsupportedProblem, Variant, _val
 CU_FILE = "12_igemm_pipelined.cu"
 INSTRUCTION = (16, 8, 16)  # mma.sync m16n8k16: the only instruction shape of the kernel
 ITERATORS = ("analytic", "optimized", "few_channels")
-VEC_ALIGN = 16  # bytes: cp.async chunks (optimized) and the 16-byte stores of y (K % 8 == 0)
+VEC_ALIGN = 16  # bytes: cp.async chunks (optimized); the 16-byte stores of y and reads of Cin (K % 8 == 0)
 MAX_SMEM_PER_BLOCK = 227 * 1024  # the largest opt-in of sm_80..sm_120 (H100/H200); `prepare` asks the device
 FEW_CHANNELS_MAX_C = 8
 
@@ -122,6 +122,8 @@ class TileDescription:
         per thread under a register cap (65536 / (threads · min_blocks)) of at least 160, or a cap
         of at least 255 with at most 8 loader chunk rows (A and B) per thread. Mirrors the
         ``constexpr bool FRAG_DB`` of ``12_igemm_pipelined.cu``."""
+        if self.bk not in (32, 64) or self.threads % (self.bk // 8):
+            return False  # not a shape the kernel builds
         reg_cap = 65536 // (self.threads * max(self.min_blocks, 1))
         rows_per_pass = self.threads // (self.bk // 8)
         chunk_rows = self.bm // rows_per_pass + self.bn // rows_per_pass
@@ -157,6 +159,12 @@ class TileDescription:
             return (
                 f"{self.threads} threads move {rows_per_pass} rows of 16-byte chunks per pass; "
                 f"BM = {self.bm} and BN = {self.bn} must be multiples of it"
+            )
+        runs_per_row = self.bn // 8  # the epilogue's 16-byte output runs
+        if self.threads % runs_per_row or self.bm % (self.threads // runs_per_row):
+            return (
+                f"the epilogue stores rows of {runs_per_row} 16-byte runs with {self.threads} threads: "
+                f"the threads must cover whole rows and BM = {self.bm} a whole number of passes"
             )
         if self.accumulators_per_thread > 128:
             return (
@@ -492,8 +500,8 @@ def prepare_fused(
     Raises:
         everything `helpers.variants.prepare` raises, before any launch; TypeError/ValueError
         for a ``cin`` or ``bias`` of the wrong type, dtype, shape, layout or device; ValueError
-        for a ``cin`` not 16-byte aligned when K % 8 == 0, if ``epilogue.beta != 0`` without
-        ``cin``, for alpha or beta that float32 cannot carry
+        for a ``cin`` not 16-byte aligned when it is read (beta != 0) and K % 8 == 0, if
+        ``epilogue.beta != 0`` without ``cin``, for alpha or beta that float32 cannot carry
         (not finite, or a nonzero beta that rounds to 0), and for a y that shares memory with x,
         w, bias or (other than being it) cin.
     """
@@ -506,7 +514,7 @@ def prepare_fused(
     _validate(v, problem, x, w, y)
     if cin is not None:
         _check_operand("cin", cin, problem.y_shape, x)
-        if problem.K % 8 == 0 and cin.data_ptr() % VEC_ALIGN:
+        if epilogue.beta != 0 and problem.K % 8 == 0 and cin.data_ptr() % VEC_ALIGN:
             raise ValueError(f"cin.data_ptr() is not {VEC_ALIGN}-byte aligned (read 16 bytes at a time when "
                              "K % 8 == 0; a view with a storage offset?): pass cin.clone()")  # fmt: skip
     if bias is not None:

@@ -91,6 +91,21 @@ def test_tile_name_round_trip_and_valid(name):
     assert t.reason() is None and t.reason(smem_limit=H200_SMEM) is None
     assert t.threads == 32 * t.warps_m * t.warps_n <= 1024
     assert t.shared_bytes == max(t.stages * (t.bm + t.bn) * t.bk * 2, t.bm * (t.bn + 8) * 4)
+    # the kernel's epilogue loop shape (its static_assert): whole rows of 16-byte runs per pass
+    assert t.threads % (t.bn // 8) == 0 and t.bm % (t.threads // (t.bn // 8)) == 0
+
+
+@pytest.mark.parametrize(
+    "name, ring, total",
+    [
+        ("128x128x32_w2x2_s4_b1", 65536, 69632),  # the fp32 staging tile 128 x 136 x 4 B is larger
+        ("128x128x64_w2x4_s3_b2", 98304, 98304),  # the ring is larger
+        ("64x64x64_w2x2_s4_b1", 65536, 65536),
+    ],
+)
+def test_shared_bytes_values(name, ring, total):
+    t = TileDescription.parse(name)
+    assert (t.ring_bytes, t.shared_bytes) == (ring, total)
     assert t.accumulators_per_thread == t.bm * t.bn // t.threads <= 128
 
 
@@ -106,6 +121,7 @@ def test_tile_name_round_trip_and_valid(name):
         (TileDescription(128, 48, 32, 2, 2, 4), None, "warp tile 64 x 24"),
         (TileDescription(16, 64, 32, 1, 4, 4), None, "BM = 16 and BN = 64 must be multiples of it"),
         (TileDescription(256, 256, 32, 2, 2, 3), None, "512 fp32 accumulators per thread"),
+        (TileDescription(128, 96, 32, 2, 2, 4), None, "the epilogue stores rows of 12 16-byte runs"),
         (
             TileDescription(128, 128, 32, 2, 2, 4),
             48 * 1024,
@@ -496,6 +512,13 @@ def test_large_k_layers_take_the_64x64_warp_tile():
         ("128x128x32_w2x2_s4_b1", "optimized", True),  # 64 x 64, cap 255, 4 + 4 chunk rows
         ("128x128x64_w2x2_s3_b1", "optimized", False),  # 64 x 64, 8 + 8 chunk rows: would spill
         ("128x64x32_w2x2_s4_b1", "analytic", False),  # register-staged loads: the plain loop
+        ("128x128x32_w2x4_s4_b1", "optimized", True),  # 8 warps of 64 x 32, cap 256
+        ("256x64x32_w4x2_s4_b1", "optimized", True),
+        ("64x64x32_w2x2_s4_b1", "optimized", True),  # 32 x 32 warp tiles
+        ("64x64x64_w2x2_s4_b1", "optimized", True),
+        ("128x128x32_w2x2_s4_b1", "few_channels", False),
+        ("128x128x32_w2x2_s4", "optimized", True),
+        ("128x128x48_w2x2_s4", "optimized", False),  # BK = 48: not a shape the kernel builds
     ],
 )
 def test_fragment_double_buffering_mirrors_the_kernel(name, iterator, expect):
@@ -636,6 +659,23 @@ def test_prepare_fused_operand_refusals(no_gpu_checks):
             prepare_fused(p, x, w, cin, bad, ep)
     with pytest.raises(ValueError, match=r"epilogue beta = 2.0 needs cin"):
         prepare_fused(p, x, w, None, bias, Epilogue(beta=2.0))
+
+
+def test_prepare_fused_cin_alignment(no_gpu_checks):
+    """Cin is read in 16-byte runs when K % 8 == 0: a misaligned Cin is refused then, and accepted
+    when it is not read (beta = 0) or read element by element (K % 8 != 0)."""
+    p = nhwc(N=2, C=8, H=6, W=5, K=16, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    cin, bias = _epilogue_operands(p)
+    with pytest.raises(ValueError, match=r"cin\.data_ptr\(\) is not 16-byte aligned"):
+        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=1.0))
+    with pytest.raises(_Compiled):
+        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=0.0))
+    p_odd = nhwc(N=2, C=8, H=6, W=5, K=12, R=3, S=3, padding=1)
+    x, w = p_odd.make_inputs()
+    cin, bias = _epilogue_operands(p_odd)
+    with pytest.raises(_Compiled):
+        prepare_fused(p_odd, x, w, misaligned(cin), bias, Epilogue(beta=1.0))
 
 
 def test_prepare_fused_refuses_aliasing(no_gpu_checks):
