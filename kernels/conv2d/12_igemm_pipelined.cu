@@ -410,8 +410,7 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     // Without Cin, pass 1 also applies ReLU and rounds: the staging tile is the output itself,
     // so[BM][BN + 8] halves, and pass 2 is a copy. With Cin, the staging tile is fp32,
     // sf[BM][BN + 8] floats, and pass 2 adds beta * Cin, applies ReLU and rounds once.
-    // The + 8 pads make pass 1's stores conflict-free: a warp's 4-byte stores (fp16 staging) and
-    // each half-warp's 8-byte stores (fp32 staging) cover all 32 banks.
+    // The + 8 pads make pass 1's stores conflict-free (each quarter-warp covers all 32 banks).
     constexpr int SOW = BN + 8;
     constexpr int CPR = BN / 8;                // 16-byte runs (8 channels) per output row
     constexpr int RSTEP = THREADS / CPR;       // rows one pass of the block covers
@@ -468,35 +467,29 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
         if (!with_c) {
             out = *reinterpret_cast<const uint4*>(smem + row * SOW + 8 * cc);
         } else {
-            // The 8 threads of one 16-byte shared-memory phase sit 32 bytes apart; those with
-            // cc & 4 read their upper half first, so each phase covers all 32 banks.
             const float* src = reinterpret_cast<const float*>(smem) + row * SOW + 8 * cc;
-            const int up = (cc >> 2) & 1;
-            const float4 f0 = *reinterpret_cast<const float4*>(src + 4 * up);
-            const float4 f1 = *reinterpret_cast<const float4*>(src + 4 - 4 * up);
-            const float4 lo = up ? f1 : f0, hi = up ? f0 : f1;
-            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            unsigned cw[4];  // Cin's 8 elements, two per word
+            const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint4 craw;
+            const u16* cr = reinterpret_cast<const u16*>(&craw);
             if (vec) {
-                const uint4 c4 = *reinterpret_cast<const uint4*>(cs);
-                cw[0] = c4.x, cw[1] = c4.y, cw[2] = c4.z, cw[3] = c4.w;
+                craw = *reinterpret_cast<const uint4*>(cs);
             } else {
+                u16 ce[8];
 #pragma unroll
-                for (int e = 0; e < 8; e += 2)
-                    cw[e / 2] = (k + e < K ? cs[e] : 0u) | (k + e + 1 < K ? (unsigned)cs[e + 1] << 16 : 0u);
+                for (int e = 0; e < 8; ++e) ce[e] = k + e < K ? cs[e] : (u16)0;
+                craw = make_uint4(ce[0] | (unsigned)ce[1] << 16, ce[2] | (unsigned)ce[3] << 16,
+                                  ce[4] | (unsigned)ce[5] << 16, ce[6] | (unsigned)ce[7] << 16);
             }
-            unsigned pk[4];
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
-                float v0 = v[e] + beta * to_f32<BF16>((u16)(cw[e / 2] & 0xffff));
-                float v1 = v[e + 1] + beta * to_f32<BF16>((u16)(cw[e / 2] >> 16));
+                float v0 = v[e] + beta * to_f32<BF16>(cr[e]), v1 = v[e + 1] + beta * to_f32<BF16>(cr[e + 1]);
                 if (relu) {
                     v0 = v0 < 0.0f ? 0.0f : v0;
                     v1 = v1 < 0.0f ? 0.0f : v1;
                 }
-                pk[e / 2] = pack2<BF16>(v0, v1);
+                reinterpret_cast<unsigned*>(&out)[e / 2] = pack2<BF16>(v0, v1);
             }
-            out = make_uint4(pk[0], pk[1], pk[2], pk[3]);
             cs += row_step;
         }
         if (vec) {
