@@ -8,8 +8,8 @@ parameter here:
   stages, instruction shape. `TileDescription.reason` refuses an invalid one with the reason
   (e.g. a warp tile that is not a multiple of the 16 x 8 instruction, more shared memory than a
   block may have, or a description the ``.cu`` file does not instantiate);
-* **input iterators** (`ITERATORS`): ``optimized`` (C % 8 == 0: 16-byte cp.async, per-row offsets
-  and masks precomputed), ``analytic`` (any C: every element decoded with divisions) and
+* **input iterators** (`ITERATORS`): ``optimized`` (C % 8 == 0 and R, S <= 16: 16-byte cp.async,
+  per-row offsets and tap masks precomputed), ``analytic`` (any C: every element decoded with divisions) and
   ``few_channels`` (C <= 8: GEMM-K packed across taps, one decode per 8-element chunk);
 * **threadblock swizzle** (``swizzle`` = log2 of the filter tiles visited by consecutive blocks);
 * **epilogue** D = act(alpha·conv(x, w) + beta·Cin + bias), act = identity or ReLU
@@ -47,6 +47,7 @@ ITERATORS = ("analytic", "optimized", "few_channels")
 VEC_ALIGN = 16  # bytes: cp.async chunks (optimized); the 16-byte stores of y and reads of Cin (K % 8 == 0)
 MAX_SMEM_PER_BLOCK = 227 * 1024  # the largest opt-in of sm_80..sm_120 (H100/H200); `prepare` asks the device
 FEW_CHANNELS_MAX_C = 8
+MAX_MASKED_TAPS = 16  # optimized: one bit per filter row (bits 0..15) and column (16..31) per A row
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -120,7 +121,7 @@ class TileDescription:
         """Whether the kernel runs its fragment-double-buffered main loop (``FRAG_DB``) for this
         description: the ``optimized`` iterator, and either warp tiles of at most 64 accumulators
         per thread under a register cap (65536 / (threads · min_blocks)) of at least 160, or a cap
-        of at least 255 with at most 8 loader chunk rows (A and B) per thread. Mirrors the
+        of at least 255 with at most 16 loader chunk rows (A and B) per thread. Mirrors the
         ``constexpr bool FRAG_DB`` of ``12_igemm_pipelined.cu``."""
         if self.bk not in (32, 64) or self.threads % (self.bk // 8):
             return False  # not a shape the kernel builds
@@ -128,7 +129,7 @@ class TileDescription:
         rows_per_pass = self.threads // (self.bk // 8)
         chunk_rows = self.bm // rows_per_pass + self.bn // rows_per_pass
         return iterator == "optimized" and (
-            (self.accumulators_per_thread <= 64 and reg_cap >= 160) or (reg_cap >= 255 and chunk_rows <= 8)
+            (self.accumulators_per_thread <= 64 and reg_cap >= 160) or (reg_cap >= 255 and chunk_rows <= 16)
         )
 
     def reason(self, smem_limit: int = MAX_SMEM_PER_BLOCK) -> str | None:
@@ -206,14 +207,20 @@ def iterator_reason(p: Conv2dProblem, iterator: str) -> str | None:
         return f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}"
     if iterator == "optimized" and p.C % 8:
         return f"the optimized iterator loads 8 channels (16 bytes) at a time: needs C % 8 == 0; got C = {p.C}"
+    if iterator == "optimized" and max(p.R, p.S) > MAX_MASKED_TAPS:
+        return (
+            f"the optimized iterator keeps one bit per filter row and column (tap masks): needs "
+            f"R, S <= {MAX_MASKED_TAPS}; got R = {p.R}, S = {p.S}"
+        )
     if iterator == "few_channels" and p.C > FEW_CHANNELS_MAX_C:
         return f"the few_channels iterator is for C <= {FEW_CHANNELS_MAX_C}; got C = {p.C}"
     return None
 
 
 def choose_iterator(p: Conv2dProblem) -> str:
-    """``optimized`` if C % 8 == 0, ``few_channels`` if C < 8, else ``analytic``."""
-    if p.C % 8 == 0:
+    """``optimized`` if C % 8 == 0 and R, S <= `MAX_MASKED_TAPS`, ``few_channels`` if C <= 8,
+    else ``analytic``."""
+    if iterator_reason(p, "optimized") is None:
         return "optimized"
     return "few_channels" if p.C <= FEW_CHANNELS_MAX_C else "analytic"
 
@@ -230,12 +237,11 @@ def blocks(p: Conv2dProblem, t: TileDescription) -> int:
 
 # The tile rule (see `choose_tile`), fitted to sweeps of the optimized tile descriptions over the
 # 38 ResNet-50 layers (N = 32 and 256, fp16) on the H200 (132 SMs). What won:
-# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 164 registers, 3 blocks per SM): a 128-wide
+# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 163 registers, 3 blocks per SM): a 128-wide
 #   filter tile would be half empty;
-# * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 32 with 4 warps of 64 x 64
-#   and fragment double buffering (245 registers, 2 blocks per SM); the 8-warp 128 x 128 x 64
-#   held to 128 registers (min_blocks = 2, 16 warps per SM, no fragment double buffering) wins
-#   only a few short-K layers;
+# * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 64, 3 stages, with 4 warps of
+#   64 x 64 and fragment double buffering (248 registers, 96 KiB of shared memory, 2 blocks per
+#   SM): half the pipeline steps of BK = 32, so half the per-step copies, waits and barriers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).
 # Day 12's executed notebook (section 9) runs the sweep and compares the rule with the best tile
@@ -246,7 +252,7 @@ MIN_BLOCKS = 200
 def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescription:
     """The tile description ``igemm_pipelined`` runs for ``p`` (the rule above).
 
-    ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x32_w2x2_s4_b1 if it makes at
+    ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x64_w2x2_s3_b1 if it makes at
     least `MIN_BLOCKS` tiles, else 128x64x32_w2x2_s4_b1 if that does, else 64x64x64_w2x2_s4_b1.
     ``analytic``/``few_channels``: 128x64x32_w2x2_s4_b1 if it makes `MIN_BLOCKS` tiles, else
     64x64x32_w2x2_s4_b1.
@@ -255,7 +261,7 @@ def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescriptio
     mid = TileDescription.parse("128x64x32_w2x2_s4_b1")
     if it != "optimized":
         return mid if blocks(p, mid) >= MIN_BLOCKS else TileDescription.parse("64x64x32_w2x2_s4_b1")
-    big = TileDescription.parse("128x128x32_w2x2_s4_b1")
+    big = TileDescription.parse("128x128x64_w2x2_s3_b1")
     if p.K > 64 and blocks(p, big) >= MIN_BLOCKS:
         return big
     if p.K <= 64 or blocks(p, mid) >= MIN_BLOCKS:

@@ -276,6 +276,24 @@ def test_iterator_reason_refusals():
     assert iterator_reason(replace(c45, C=8, name=""), "few_channels") is None
 
 
+@pytest.mark.parametrize("R, S", [(17, 1), (1, 17), (17, 17)])
+def test_optimized_iterator_needs_16_filter_rows_and_columns(R, S):
+    """Its tap masks keep one bit per filter row and column: a larger filter goes to analytic."""
+    p = nhwc(N=1, C=16, H=20, W=20, K=16, R=R, S=S)
+    reason = iterator_reason(p, "optimized")
+    assert "R, S <= 16" in reason and f"R = {R}, S = {S}" in reason
+    assert choose_iterator(p) == "analytic" and choose(p).iterator == "analytic"
+    assert V.supports(p, smem_limit=H200_SMEM) is None
+    assert choose_iterator(replace(p, C=8, name="")) == "few_channels"  # C <= 8 keeps its packed walk
+    edge = nhwc(N=1, C=16, H=20, W=20, K=16, R=16, S=16)
+    assert iterator_reason(edge, "optimized") is None and choose_iterator(edge) == "optimized"
+    forced = make_pipelined(name="opt17", iterator="optimized")
+    assert "R, S <= 16" in forced.supports(p, smem_limit=H200_SMEM)
+    x, w = p.make_inputs()  # CPU tensors: the problem is refused before they are looked at
+    with pytest.raises(UnsupportedProblem, match=re.escape("R, S <= 16")):
+        run(forced, p, x, w)
+
+
 # ---- forced choices -------------------------------------------------------------------------
 
 
@@ -498,7 +516,7 @@ def test_choose_tile_on_resnet50():
 
 def test_large_k_layers_take_the_64x64_warp_tile():
     p = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 784 tiles of 128 x 128
-    assert choose_tile(p).name == "128x128x32_w2x2_s4_b1"
+    assert choose_tile(p).name == "128x128x64_w2x2_s3_b1"
     small = nhwc(N=1, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 4 tiles: more, smaller blocks
     assert choose_tile(small).name == "64x64x64_w2x2_s4_b1"
 
@@ -510,7 +528,8 @@ def test_large_k_layers_take_the_64x64_warp_tile():
         ("128x128x32_w2x4_s4_b2", "optimized", False),  # 64 x 32 warp tiles, but held to 128 registers
         ("128x128x64_w2x4_s3_b2", "optimized", False),
         ("128x128x32_w2x2_s4_b1", "optimized", True),  # 64 x 64, cap 255, 4 + 4 chunk rows
-        ("128x128x64_w2x2_s3_b1", "optimized", False),  # 64 x 64, 8 + 8 chunk rows: would spill
+        ("128x128x64_w2x2_s3_b1", "optimized", True),  # 64 x 64, cap 255, 8 + 8 chunk rows
+        ("128x256x64_w2x2_s3", "optimized", False),  # 8 + 16 chunk rows: more than 16
         ("128x64x32_w2x2_s4_b1", "analytic", False),  # register-staged loads: the plain loop
         ("128x128x32_w2x4_s4_b1", "optimized", True),  # 8 warps of 64 x 32, cap 256
         ("256x64x32_w4x2_s4_b1", "optimized", True),
@@ -530,7 +549,7 @@ def test_frag_db_condition_is_the_kernels():
     line = next(ln.strip() for ln in src.splitlines() if "constexpr bool FRAG_DB" in ln)
     assert line == (
         "constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || "
-        "(REG_CAP >= 255 && A_PER + B_PER <= 8));"
+        "(REG_CAP >= 255 && A_PER + B_PER <= 16));"
     ), "the kernel's FRAG_DB changed: update TileDescription.fragment_double_buffering and this test"
 
 

@@ -21,10 +21,11 @@
 //    point per instantiated description (PIPE_ENTRIES below; helpers/pipelined.py names them
 //    and refuses the invalid ones with a reason before any launch).
 // 3. Input iterators (ITER), i.e. how a thread finds the 8 GEMM-K elements of its A chunks:
-//    OPTIMIZED    (C % 8 == 0) tap-major walk (day 09/11's vec path): per step one filter tap
-//                 (r, s) and BK channels; per-row base pointers and (h, w) origins precomputed
-//                 once, so a step costs an add and four compares per chunk; 16-byte cp.async
-//                 with zero-fill.
+//    OPTIMIZED    (C % 8 == 0, R and S <= 16) tap-major walk (day 09/11's vec path): per step
+//                 one filter tap (r, s) and BK channels; per-row base pointers and tap masks
+//                 (which filter rows and columns land inside the image) precomputed once, so a
+//                 step costs a 64-bit add and one AND-and-compare per chunk (CUTLASS's optimized
+//                 iterator keeps the same masks); 16-byte cp.async with zero-fill.
 //    ANALYTIC     (any C) GEMM-K in flat steps of BK; each element decodes (r, s, c) from its
 //                 GEMM-K index with divisions and is loaded alone (2 bytes, so no cp.async: the
 //                 loads go through registers, issued before the math, stored after it).
@@ -57,9 +58,9 @@
 //   the cp.async stores are conflict-free.
 //
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
-// groups = 1, any stride/padding/dilation/filter. OPTIMIZED needs x and w 16-byte aligned; y is
-// stored and Cin read 16 bytes at a time when K % 8 == 0 (both 16-byte aligned), element by
-// element otherwise.
+// groups = 1, any stride/padding/dilation/filter. OPTIMIZED needs x and w 16-byte aligned and
+// R, S <= 16 (its tap masks); y is stored and Cin read 16 bytes at a time when K % 8 == 0 (both
+// 16-byte aligned), element by element otherwise.
 // Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 64 and P*Q < 2^31 (Python checks).
 // sm_80+ (cp.async, ldmatrix, bf16 mma.sync).
 #include <climits>
@@ -193,6 +194,34 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
         xn[u] = x + (idx_t)(m < M ? n : 0) * H * W * C;  // image base (ANALYTIC / FEW_CHANNELS)
         xo[u] = xn[u] + ((idx_t)(m < M ? h0[u] : 0) * W + w0[u]) * C;  // tap (0, 0) of the pixel; read only when in
     }
+    // OPTIMIZED: per A chunk row, the filter taps that land inside the image, as bits: bit r for the
+    // filter rows r whose input row h0 + r*dh is in [0, H), bit 16 + s for the filter columns s whose
+    // input column w0 + s*dw is in [0, W) (R, S <= 16, checked in Python). A step's bounds test is
+    // then one AND against the step's (r, s) probe. A row past M has no bits.
+    unsigned amask[A_PER];
+    if constexpr (ASYNC) {
+        // Bits t < len with 0 <= o + t*d < n: a run of ones when d == 1 (the usual case), a loop otherwise.
+        auto span = [](int o, int n, int len, int d) -> unsigned {
+            if (d == 1) {
+                const int lo = max(0, -o), hi = min(len, n - o);
+                return hi > lo ? (1u << hi) - (1u << lo) : 0u;
+            }
+            unsigned mk = 0;
+#pragma unroll 1
+            for (int t = 0; t < len; ++t) mk |= (unsigned)((unsigned)(o + t * d) < (unsigned)n) << t;
+            return mk;
+        };
+        // Without padding every tap of a valid row is inside the image (P, Q are defined that way).
+        const bool no_pad = cv.ph == 0 && cv.pw == 0;
+        const unsigned full = ((1u << cv.R) - 1) | ((1u << S) - 1) << 16;
+#pragma unroll
+        for (int u = 0; u < A_PER; ++u) {
+            const bool row_in = m0 + row0 + ROWSTEP * u < M;
+            amask[u] = !row_in ? 0u
+                     : no_pad ? full
+                              : span(h0[u], H, cv.R, cv.dh) | span(w0[u], W, S, cv.dw) << 16;
+        }
+    }
     // Per B chunk row u: filter row k0 + row0 + ROWSTEP * u, at wk + u * ROWSTEP * KG (one pointer).
     const u16* wk = w + (idx_t)(k0 + row0) * KG;
     const idx_t w_rows = (idx_t)ROWSTEP * KG;
@@ -220,21 +249,16 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     auto load_async = [&](int slot) {
         const int c = c0 + 8 * ch;
         const bool c_in = c < C;
-        const int dy = r * cv.dh, dx = s * cv.dw;
-        const idx_t tap_off = ((idx_t)dy * W + dx) * C + c;  // the same for every row: once per step
+        const unsigned probe = (1u << r) | (1u << (16 + s));  // this step's tap (r, s) in the row masks
+        const idx_t tap_off = ((idx_t)(r * cv.dh) * W + s * cv.dw) * C + c;  // the same for every row
         const unsigned da = sa_u + slot * A_STAGE + a_dst, db = sb_u + slot * B_STAGE + b_dst;
+        // A masked-off chunk's address is never read (src-size 0), so it is not clamped.
 #pragma unroll
-        for (int u = 0; u < A_PER; ++u) {
-            const int h = h0[u] + dy, ww = w0[u] + dx;  // unsigned compares: h < 0 wraps above H
-            const bool in = c_in && (unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W;
-            cp_async16(da + ROWSTEP * BK * 2 * u, in ? xo[u] + tap_off : x, in);
-        }
+        for (int u = 0; u < A_PER; ++u)
+            cp_async16(da + ROWSTEP * BK * 2 * u, xo[u] + tap_off, c_in && (amask[u] & probe) == probe);
         const u16* wt = wk + (r * S + s) * C + c;
 #pragma unroll
-        for (int u = 0; u < B_PER; ++u) {
-            const bool in = b_row[u] && c_in;
-            cp_async16(db + ROWSTEP * BK * 2 * u, in ? wt + u * w_rows : w, in);
-        }
+        for (int u = 0; u < B_PER; ++u) cp_async16(db + ROWSTEP * BK * 2 * u, wt + u * w_rows, b_row[u] && c_in);
         c0 += BK;
         if (c0 >= C) {
             c0 = 0;
@@ -350,12 +374,11 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     // Fragment double buffering needs a second set of fragments in registers: it runs where the
     // warp tile leaves room (<= 64 accumulators per thread, warp tiles up to 64 x 32) under a
     // register cap of at least 160, and on 64 x 64 warp tiles when __launch_bounds__ leaves the
-    // full 255 registers and each thread loads at most 8 chunk rows per stage (128 accumulators +
-    // 64 fragment registers + the row pointers fit). Elsewhere the second set would spill (the
-    // 8-warp tiles held to 128 registers for 2 blocks per SM, 4-warp BK = 64 tiles on sm_120):
-    // those run the plain loop.
+    // full 255 registers and each thread loads at most 16 chunk rows per stage (128 accumulators
+    // + 64 fragment registers + 3 registers per A row fit). Elsewhere the second set would spill
+    // (the 8-warp tiles held to 128 registers for 2 blocks per SM): those run the plain loop.
     constexpr int REG_CAP = 65536 / (THREADS * MINB);
-    constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || (REG_CAP >= 255 && A_PER + B_PER <= 8));
+    constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || (REG_CAP >= 255 && A_PER + B_PER <= 16));
     if constexpr (FRAG_DB) {
         // CUTLASS's multistage mainloop: the fragments of slice kk + 1 are read from shared memory
         // while the mma.sync of slice kk run; the wait and barrier for step t + 1 come before the

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from helpers import gpu
 from helpers.check import Epilogue, bitwise_equal, check, check_epilogue, compare
 from helpers.mma import MIN_CC
-from helpers.pipelined import INSTANTIATED, make_pipelined, prepare_fused
+from helpers.pipelined import INSTANTIATED, choose, make_pipelined, prepare_fused
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
 from helpers.variants import UnsupportedProblem, get, run
@@ -75,6 +75,8 @@ PROBLEMS = [
     nhwc(N=1, C=5, H=12, W=10, K=40, R=5, S=5, padding=2, stride=(1, 2)),
     nhwc(N=1, C=45, H=11, W=13, K=33, R=3, S=3, padding=1),  # analytic only
     nhwc(N=2, C=8, H=9, W=7, K=24, R=1, S=1),  # one GEMM-K step: the ring never fills, no step to prefetch
+    nhwc(N=2, C=16, H=13, W=12, K=40, R=3, S=3, stride=2),  # no padding: every tap mask full
+    nhwc(N=1, C=24, H=10, W=9, K=16, R=4, S=5, padding=(6, 7), dilation=(3, 1)),  # rows with no tap inside
 ]
 PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]
 FORCED = {(t, it): make_pipelined(name=f"igemm_pipelined[{t},{it}]", tile=t, iterator=it) for t, it in PAIRS}
@@ -273,6 +275,15 @@ def test_bad_epilogue_operands_refused():
         prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=1.0), y)
     torch.cuda.synchronize()
     assert bool((y == 7.0).all()), "y was touched before the refusal"
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_filters_past_16_taps_run_on_the_analytic_iterator(dt):
+    """The optimized iterator's tap masks hold 16 filter rows and columns; R = 17 goes to analytic."""
+    p = nhwc(N=2, C=16, H=21, W=11, K=24, R=17, S=3, padding=(8, 1), dtype=dt)
+    assert choose(p).iterator == "analytic"
+    for kind in kinds_for(p):
+        _assert_ok(check(V, p, kind=kind), p, kind)
 
 
 def test_forced_few_channels_refuses_c64():
