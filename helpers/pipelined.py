@@ -202,7 +202,8 @@ TILES = tuple(INSTANTIATED)
 
 
 def iterator_reason(p: Conv2dProblem, iterator: str) -> str | None:
-    """None if ``iterator`` handles ``p``'s channel count, else why not."""
+    """None if ``iterator`` handles ``p``'s channel count (and, for ``optimized``, its filter size:
+    R, S <= `MAX_MASKED_TAPS`), else why not."""
     if iterator not in ITERATORS:
         return f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}"
     if iterator == "optimized" and p.C % 8:
@@ -237,10 +238,10 @@ def blocks(p: Conv2dProblem, t: TileDescription) -> int:
 
 # The tile rule (see `choose_tile`), fitted to sweeps of the optimized tile descriptions over the
 # 38 ResNet-50 layers (N = 32 and 256, fp16) on the H200 (132 SMs). What won:
-# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 163 registers, 3 blocks per SM): a 128-wide
+# * K <= 64: 128 x 64 x 32 (4 warps of 64 x 32; 159 registers, 3 blocks per SM): a 128-wide
 #   filter tile would be half empty;
 # * wherever 128 x 128 makes at least MIN_BLOCKS tiles: 128 x 128 x 64, 3 stages, with 4 warps of
-#   64 x 64 and fragment double buffering (248 registers, 96 KiB of shared memory, 2 blocks per
+#   64 x 64 and fragment double buffering (255 registers, 96 KiB of shared memory, 2 blocks per
 #   SM): half the pipeline steps of BK = 32, so half the per-step copies, waits and barriers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).

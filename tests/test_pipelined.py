@@ -529,7 +529,7 @@ def test_large_k_layers_take_the_64x64_warp_tile():
         ("128x128x64_w2x4_s3_b2", "optimized", False),
         ("128x128x32_w2x2_s4_b1", "optimized", True),  # 64 x 64, cap 255, 4 + 4 chunk rows
         ("128x128x64_w2x2_s3_b1", "optimized", True),  # 64 x 64, cap 255, 8 + 8 chunk rows
-        ("128x256x64_w2x2_s3", "optimized", False),  # 8 + 16 chunk rows: more than 16
+        ("16x256x32_w1x1_s2", "optimized", False),  # 2 + 32 chunk rows: more than 16
         ("128x64x32_w2x2_s4_b1", "analytic", False),  # register-staged loads: the plain loop
         ("128x128x32_w2x4_s4_b1", "optimized", True),  # 8 warps of 64 x 32, cap 256
         ("256x64x32_w4x2_s4_b1", "optimized", True),

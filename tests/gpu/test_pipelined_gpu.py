@@ -27,7 +27,7 @@ from helpers.mma import MIN_CC
 from helpers.pipelined import INSTANTIATED, choose, make_pipelined, prepare_fused
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
-from helpers.variants import UnsupportedProblem, get, run
+from helpers.variants import UnsupportedProblem, get, prepare, run
 
 pytestmark = pytest.mark.gpu
 
@@ -77,6 +77,7 @@ PROBLEMS = [
     nhwc(N=2, C=8, H=9, W=7, K=24, R=1, S=1),  # one GEMM-K step: the ring never fills, no step to prefetch
     nhwc(N=2, C=16, H=13, W=12, K=40, R=3, S=3, stride=2),  # no padding: every tap mask full
     nhwc(N=1, C=24, H=10, W=9, K=16, R=4, S=5, padding=(6, 7), dilation=(3, 1)),  # rows with no tap inside
+    nhwc(N=1, C=16, H=18, W=9, K=24, R=16, S=2, padding=(0, 1)),  # R = 16: the masks' last row bit; ph = 0, pw = 1
 ]
 PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]
 FORCED = {(t, it): make_pipelined(name=f"igemm_pipelined[{t},{it}]", tile=t, iterator=it) for t, it in PAIRS}
@@ -284,6 +285,27 @@ def test_filters_past_16_taps_run_on_the_analytic_iterator(dt):
     assert choose(p).iterator == "analytic"
     for kind in kinds_for(p):
         _assert_ok(check(V, p, kind=kind), p, kind)
+
+
+@pytest.mark.parametrize("sh, ph", [(2**20, 2**29), (2**18, 2**29 + 2**27)])
+def test_masked_off_copies_far_outside_x_read_nothing(sh, ph):
+    """With padding 2^29 the masked-off rows' cp.async sources lie about 2^50 bytes before x, outside
+    any allocation; the kernel passes them unclamped with src-size 0, which must read nothing.
+    Only output row ph / sh sees the image (H = 1): it is a 1 x 1 conv, every other row is 0."""
+    p = nhwc(N=1, C=64, H=1, W=16384, K=8, R=1, S=1, stride=(sh, 1), padding=(ph, 0))
+    assert choose(p).iterator == "optimized"
+    x, w = p.make_inputs(device="cuda")
+    launch, y = prepare(V, p, x, w)
+    y.fill_(float("nan"))
+    launch()
+    torch.cuda.synchronize()
+    ref = (x.float().reshape(-1, p.C) @ w.float().reshape(p.K, p.C).T).reshape(p.W, p.K)
+    row = ph // sh
+    got = y.float()[0]
+    assert (got[row] - ref).abs().max().item() < 1e-2
+    others = torch.ones(p.P, dtype=torch.bool, device=y.device)
+    others[row] = False
+    assert bool((got[others] == 0).all())
 
 
 def test_forced_few_channels_refuses_c64():
