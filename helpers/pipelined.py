@@ -322,9 +322,12 @@ def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
     if reason:
         return reason
     if cfg.iterator not in INSTANTIATED[cfg.tile.name]:
+        why_not = "; ".join(
+            f"{it}: {r}" for it in INSTANTIATED[cfg.tile.name] if (r := iterator_reason(p, it)) is not None
+        )
         return (
             f"tile {cfg.tile.name} is not instantiated with the {cfg.iterator} iterator; "
-            f"it is with: {', '.join(INSTANTIATED[cfg.tile.name])}"
+            f"it is with: {', '.join(INSTANTIATED[cfg.tile.name])}" + (f" ({why_not})" if why_not else "")
         )
     if not 0 <= cfg.swizzle <= 4:
         return f"swizzle = {cfg.swizzle}: log2 of the filter tiles per A tile, 0 .. 4"

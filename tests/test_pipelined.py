@@ -287,6 +287,10 @@ def test_optimized_iterator_needs_16_filter_rows_and_columns(R, S):
     assert choose_iterator(replace(p, C=8, name="")) == "few_channels"  # C <= 8 keeps its packed walk
     edge = nhwc(N=1, C=16, H=20, W=20, K=16, R=16, S=16)
     assert iterator_reason(edge, "optimized") is None and choose_iterator(edge) == "optimized"
+    big = make_pipelined(name="big17", tile="128x128x64_w2x2_s3_b1")  # only built with optimized
+    reason = big.supports(p, smem_limit=H200_SMEM)
+    assert "not instantiated with the analytic iterator" in reason and "optimized: " in reason
+    assert "R, S <= 16" in reason
     forced = make_pipelined(name="opt17", iterator="optimized")
     assert "R, S <= 16" in forced.supports(p, smem_limit=H200_SMEM)
     x, w = p.make_inputs()  # CPU tensors: the problem is refused before they are looked at
