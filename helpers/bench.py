@@ -80,6 +80,47 @@ def _rates(problem: Conv2dProblem, ms: float) -> dict:
     return {"tflops": problem.flops / (ms * 1e-3) / 1e12, "gbps": problem.min_bytes / (ms * 1e-3) / 1e9}
 
 
+def baseline_name(problem: Conv2dProblem, suite_problem: Conv2dProblem) -> str:
+    """``"cudnn"`` for the suite's own dtype and layout; ``"cudnn <dtype> <layout>"`` for a
+    problem adapted to a variant's (its own baseline row: ×cuDNN compares like with like)."""
+    if (problem.dtype, problem.layout) == (suite_problem.dtype, suite_problem.layout):
+        return "cudnn"
+    return f"cudnn {problem.dtype} {problem.layout}"
+
+
+class _SuiteProblem:
+    """One suite problem inside `bench`: the seeded inputs and cuDNN's time of each adapted
+    problem, made once and shared by the variants that run it; baseline rows go to ``rows``."""
+
+    def __init__(self, suite_problem: Conv2dProblem, rows: list, cudnn: bool, timing_kw: dict):
+        self.suite_problem, self.rows, self.cudnn, self.timing_kw = suite_problem, rows, cudnn, timing_kw
+        self._inputs: dict = {}
+        self._ms: dict = {}
+
+    def inputs(self, p: Conv2dProblem) -> tuple:
+        if p not in self._inputs:
+            self._inputs[p] = p.make_inputs(device="cuda", kind="normal", seed=1)
+        return self._inputs[p]
+
+    def baseline(self, p: Conv2dProblem) -> float:
+        """cuDNN's median ms on ``p`` (NaN without cuDNN or on its error), timed once, a row each."""
+        from .timing import time_gpu
+
+        if p in self._ms:
+            return self._ms[p]
+        self._ms[p] = math.nan
+        if self.cudnn:
+            name = baseline_name(p, self.suite_problem)
+            try:
+                t = time_gpu(cudnn_launcher(p, *self.inputs(p)), **self.timing_kw)
+                self._ms[p] = t.ms_p50
+                self.rows.append(_row(p, name, 0, status="baseline", ms_p50=t.ms_p50, ms_p20=t.ms_p20,
+                                      ms_p80=t.ms_p80, reps=t.reps, x_cudnn=1.0, **_rates(p, t.ms_p50)))  # fmt: skip
+            except RuntimeError as e:  # e.g. cuDNN refusing a shape: record, keep going
+                self.rows.append(_row(p, name, 0, status=f"error: {str(e).splitlines()[0][:200]}"))
+        return self._ms[p]
+
+
 def bench(
     variants: Iterable,
     problems: Iterable[Conv2dProblem],
@@ -87,6 +128,7 @@ def bench(
     check: bool = True,
     kinds: tuple[str, ...] = ("normal", "int"),
     cudnn: bool = True,
+    adapt: bool = True,
     progress: bool = True,
     timing_kw: dict | None = None,
 ) -> pd.DataFrame:
@@ -97,16 +139,23 @@ def bench(
         problems: `Conv2dProblem` list (a suite).
         check: run `helpers.check.check` first for each kind in ``kinds``; a variant that
             fails is not timed (its row has ``ok=False`` and the reason in ``status``).
-        cudnn: add a ``cudnn`` row per problem and the ``x_cudnn`` column
-            (cuDNN's median time / the variant's median time: > 1 means faster than cuDNN).
+        cudnn: add a baseline row per problem and the ``x_cudnn`` column (cuDNN's median time /
+            the variant's median time: > 1 means faster than cuDNN).
+        adapt: run each variant on the problem in its own layout and dtype
+            (`helpers.variants.Variant.adapt`: e.g. an fp32 NCHW suite problem as fp16 NHWC for a
+            tensor-core kernel), against cuDNN in that same layout and dtype (a baseline row
+            named by `baseline_name`); without it, a variant that does not take the problem's
+            layout or dtype gets an "unsupported" row.
         progress: show a tqdm progress bar.
         timing_kw: passed to `helpers.timing.time_gpu`.
 
     Returns:
-        A DataFrame with one row per (variant, problem): the problem's fields (`as_dict`),
-        ``ok`` (True/False, None for unsupported or cuDNN), ``status``, ``ms_p50``/``ms_p20``/
-        ``ms_p80`` (ms), ``tflops`` (direct-conv FLOPs / median time, TFLOP/s), ``gbps``
-        (minimum bytes / median time, GB/s), ``x_cudnn``, and the check's error measures.
+        A DataFrame with one row per (variant, problem): the problem's fields (`as_dict`, with
+        the dtype and layout the variant ran in), ``ok`` (True/False, None for unsupported or
+        cuDNN), ``status`` ("ok", "baseline", "unsupported: <reason>", "FAIL <kind>: ..."),
+        ``ms_p50``/``ms_p20``/``ms_p80`` (ms), ``tflops`` (direct-conv FLOPs / median time,
+        TFLOP/s), ``gbps`` (minimum bytes / median time, GB/s), ``x_cudnn``, and the check's error
+        measures.
     """
     from tqdm.auto import tqdm
 
@@ -115,28 +164,21 @@ def bench(
     from .timing import time_gpu
     from .variants import get, prepare
 
-    smem_limit = device_info().smem_per_block_optin
+    info = device_info()
     vs = [get(v) for v in variants]
     problems = list(problems)
     rows: list[dict] = []
     timing_kw = timing_kw or {}
     bar = tqdm(total=len(problems) * (len(vs) + cudnn), disable=not progress, desc="bench")
     with cudnn_fp32_ieee():
-        for p in problems:
-            bar.set_postfix_str(p.name)
-            cudnn_ms = math.nan
-            x, w = p.make_inputs(device="cuda", kind="normal", seed=1)
-            if cudnn:
-                try:
-                    t = time_gpu(cudnn_launcher(p, x, w), **timing_kw)
-                    cudnn_ms = t.ms_p50
-                    rows.append(_row(p, "cudnn", 0, status="baseline", ms_p50=t.ms_p50, ms_p20=t.ms_p20,
-                                     ms_p80=t.ms_p80, reps=t.reps, x_cudnn=1.0, **_rates(p, t.ms_p50)))  # fmt: skip
-                except RuntimeError as e:  # e.g. cuDNN refusing a shape: record, keep going
-                    rows.append(_row(p, "cudnn", 0, status=f"error: {str(e).splitlines()[0][:200]}"))
-                bar.update()
+        for suite_p in problems:
+            bar.set_postfix_str(suite_p.name)
+            runs = _SuiteProblem(suite_p, rows, cudnn, timing_kw)
+            runs.baseline(suite_p)
+            bar.update(int(cudnn))
             for v in vs:
-                reason = v.supports(p, smem_limit=smem_limit)
+                p = v.adapt(suite_p) if adapt else suite_p
+                reason = v.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc)
                 if reason:
                     rows.append(_row(p, v.name, v.day, status=f"unsupported: {reason}"))
                     bar.update()
@@ -153,13 +195,13 @@ def bench(
                         rows.append(_row(p, v.name, v.day, ok=False, status=status, **errs))
                         bar.update()
                         continue
-                launch, _ = prepare(v, p, x, w)
+                launch, _ = prepare(v, p, *runs.inputs(p))
                 t = time_gpu(launch, **timing_kw)
                 rows.append(_row(p, v.name, v.day, ok=True if check else None, status="ok" if check else "unchecked",
                                  ms_p50=t.ms_p50, ms_p20=t.ms_p20, ms_p80=t.ms_p80, reps=t.reps,
-                                 x_cudnn=cudnn_ms / t.ms_p50, **_rates(p, t.ms_p50), **errs))  # fmt: skip
+                                 x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs))  # fmt: skip
                 bar.update()
-            del x, w
+            del runs
     bar.close()
     df = pd.DataFrame(rows)
     front = [c for c in COLUMNS if c in df.columns]
@@ -167,6 +209,7 @@ def bench(
 
 
 def geomean_x_cudnn(df: pd.DataFrame) -> pd.Series:
-    """Geometric mean of ``x_cudnn`` per variant over the rows it was timed on (checked rows)."""
-    d = df[(df.variant != "cudnn") & df.x_cudnn.notna() & (df.x_cudnn > 0)]
+    """Geometric mean of ``x_cudnn`` per variant over the rows it was timed on (checked rows);
+    baseline rows are left out."""
+    d = df[(df.status != "baseline") & df.x_cudnn.notna() & (df.x_cudnn > 0)]
     return d.groupby("variant", sort=False).x_cudnn.apply(lambda s: float(math.exp(s.map(math.log).mean())))

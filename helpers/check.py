@@ -188,6 +188,63 @@ def rel_l2_limit(problem: Conv2dProblem, accum: str = "fp32") -> float:
     return max(16 * math.sqrt(n) * UNIT_ROUNDOFF[accum] + 4 * UNIT_ROUNDOFF[problem.dtype], 1e-4)
 
 
+def bound_coefficient(problem: Conv2dProblem, accum: str = "fp32", extra_roundings: int = 0) -> float:
+    """The element-wise bound's factor: gamma_n + extra_roundings·u_acc + u_out, with
+    gamma_n = n·u_acc / (1 − n·u_acc), n = the reduction length (C/groups·R·S for fprop) and
+    u_out the output dtype's unit roundoff (Higham, §3.1). An element passes when
+    |out − ref| <= factor · |op|(|a|, |b|)."""
+    u = UNIT_ROUNDOFF[accum]
+    n = problem.gemm.k
+    return n * u / (1 - n * u) + extra_roundings * u + UNIT_ROUNDOFF[problem.dtype]
+
+
+def judge(
+    *,
+    variant: str,
+    problem: Conv2dProblem,
+    kind: str,
+    accum: str,
+    nonfinite: int,
+    max_abs_err: float,
+    worst_err_over_bound: float,
+    rel_l2: float,
+    exact: bool | None,
+    repeat_bitwise: bool,
+) -> CheckResult:
+    """The verdict of every check (`check`, `helpers.epilogue.check_epilogue`) from its measures.
+
+    Fails on NaN/Inf outputs, an element over its bound (``worst_err_over_bound > 1``), a relative
+    L2 error over `rel_l2_limit` (not for ``kind="cancel"``, whose exact result is 0, so only the
+    element-wise bound scaled by |op|(|a|, |b|) means something), integer inputs that are not
+    bit-exact (``exact is False``) and a second run that differs bitwise (a race).
+    """
+    reasons = []
+    if nonfinite:
+        reasons.append(f"{nonfinite} NaN/Inf outputs (unwritten or overflowed)")
+    if worst_err_over_bound > 1:
+        reasons.append(f"error {worst_err_over_bound:.3g}x the rounding bound")
+    lim = rel_l2_limit(problem, accum)
+    if kind != "cancel" and rel_l2 > lim:
+        reasons.append(f"relative L2 error {rel_l2:.3g} > {lim:.3g}")
+    if exact is False:
+        reasons.append("integer inputs but not bit-exact")
+    if not repeat_bitwise:
+        reasons.append("second run differs bitwise (race?)")
+    return CheckResult(
+        variant=variant,
+        problem=problem.name,
+        kind=kind,
+        ok=not reasons,
+        reason="; ".join(reasons),
+        max_abs_err=max_abs_err,
+        worst_err_over_bound=worst_err_over_bound,
+        rel_l2=rel_l2,
+        nonfinite=nonfinite,
+        exact=exact,
+        repeat_bitwise=repeat_bitwise,
+    )
+
+
 def check(
     variant,
     problem: Conv2dProblem,
@@ -196,10 +253,10 @@ def check(
     accum: str | None = None,
     device: str = "cuda",
 ) -> CheckResult:
-    """Run ``variant`` twice on seeded inputs and judge it (see the module docstring).
+    """Run ``variant`` twice on seeded inputs and judge it (see the module docstring and `judge`).
 
     Args:
-        variant: a registered name or `Variant`.
+        variant: a registered name or `helpers.variants.Variant`.
         problem: the problem; the variant must support it.
         kind: "normal", "int" (small integers; bit-exact expected) or "cancel" (exact result 0);
             see `Conv2dProblem.make_inputs`.
@@ -213,179 +270,26 @@ def check(
 
     v = get(variant)
     accum = accum or v.accum
-    x, w = problem.make_inputs(device=device, kind=kind, seed=seed)
-    launch, y1 = prepare(v, problem, x, w)
-    y1.fill_(float("nan"))
+    inputs = problem.make_inputs(device=device, kind=kind, seed=seed)
+    launch, out1 = prepare(v, problem, *inputs)
+    out1.fill_(float("nan"))
     launch()
-    y2 = torch.full_like(y1, float("nan"))
-    launch2, _ = prepare(v, problem, x, w, y2)
+    out2 = torch.full_like(out1, float("nan"))
+    launch2, _ = prepare(v, problem, *inputs, out=out2)
     launch2()
     torch.cuda.synchronize()
-    repeat_ok = bitwise_equal(y1, y2)
-    del y2
-    r = compare(problem, x, w, y1, accum=accum, exact=(kind == "int"))
-    reasons = []
-    if r["nonfinite"]:
-        reasons.append(f"{r['nonfinite']} NaN/Inf outputs (unwritten or overflowed)")
-    if r["worst_err_over_bound"] > 1:
-        reasons.append(f"error {r['worst_err_over_bound']:.3g}x the rounding bound")
-    lim = rel_l2_limit(problem, accum)
-    # With kind="cancel" the exact result is 0, so a relative error means nothing there; the
-    # element-wise bound (scaled by conv(|x|, |w|)) is the test.
-    if kind != "cancel" and r["rel_l2"] > lim:
-        reasons.append(f"relative L2 error {r['rel_l2']:.3g} > {lim:.3g}")
-    if r["exact_equal"] is False:
-        reasons.append("integer inputs but not bit-exact")
-    if not repeat_ok:
-        reasons.append("second run differs bitwise (race?)")
-    return CheckResult(
+    repeat_ok = bitwise_equal(out1, out2)
+    del out2
+    r = compare(problem, *inputs, out1, accum=accum, exact=(kind == "int"))
+    return judge(
         variant=v.name,
-        problem=problem.name,
+        problem=problem,
         kind=kind,
-        ok=not reasons,
-        reason="; ".join(reasons),
+        accum=accum,
+        nonfinite=r["nonfinite"],
         max_abs_err=r["max_abs_err"],
         worst_err_over_bound=r["worst_err_over_bound"],
         rel_l2=r["rel_l2"],
-        nonfinite=r["nonfinite"],
         exact=r["exact_equal"],
-        repeat_bitwise=repeat_ok,
-    )
-
-
-# ---- fused epilogues (day 12) -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """D = act(alpha · conv(x, w) + beta · Cin + bias), act = ReLU if ``relu`` else identity.
-
-    The operands of a fused epilogue (CUTLASS's ``LinearCombination`` / ``LinearCombinationRelu``):
-    ``Cin`` has y's shape, layout and dtype (a residual, or y itself for an in-place update);
-    ``bias`` has K elements. The defaults give the plain convolution.
-    """
-
-    alpha: float = 1.0
-    beta: float = 0.0
-    relu: bool = False
-
-
-def reference_epilogue(
-    problem: Conv2dProblem,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    epilogue: Epilogue,
-    cin: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    absolute: bool = False,
-) -> torch.Tensor:
-    """The float64 result of ``epilogue`` applied to conv(x, w), logical NCHW, on x's device.
-
-    With ``absolute`` it returns |alpha|·conv(|x|, |w|) + |beta·Cin| + |bias| instead (no
-    activation), the scale of the rounding bound in `check_epilogue`. Small problems only (one
-    float64 copy of the whole output).
-    """
-    x4, w4 = problem.to_nchw(x), problem.w_to_kcrs(w)
-    conv = reference_band(problem, x4, w4, 0, problem.N, 0, problem.P, absolute=absolute)
-    f = abs if absolute else (lambda v: v)
-    out = f(epilogue.alpha) * conv
-    if cin is not None and epilogue.beta != 0:
-        out = out + f(epilogue.beta * problem.to_nchw(cin).to(torch.float64))
-    if bias is not None:
-        out = out + f(bias.to(torch.float64)).view(1, -1, 1, 1)
-    if epilogue.relu and not absolute:
-        out = out.clamp_min(0.0)
-    return out
-
-
-def check_epilogue(
-    prepare_fn,
-    problem: Conv2dProblem,
-    epilogue: Epilogue,
-    with_cin: bool = True,
-    with_bias: bool = True,
-    in_place: bool = False,
-    kind: str = "normal",
-    seed: int = 0,
-    accum: str = "fp32",
-) -> CheckResult:
-    """Judge a fused conv + epilogue kernel against `reference_epilogue` (small problems).
-
-    ``prepare_fn(problem, x, w, cin, bias, epilogue, y) -> (launch, y)`` compiles and validates
-    (e.g. `helpers.pipelined.prepare_fused`). Cin and bias are seeded like x (``kind``); with
-    ``in_place`` y starts as a copy of Cin and is passed as Cin too (y += ...), otherwise y is
-    NaN-poisoned before each launch. Fails on NaN/Inf, on an element over the bound
-    (gamma_n + 4·u_acc + u_out) · (|alpha|·conv(|x|,|w|) + |beta·Cin| + |bias|) (the conv's bound
-    plus one fp32 rounding per epilogue operation and the final rounding; ReLU cannot increase
-    an error), on a relative L2 error over `rel_l2_limit`, on a non-bitwise repeat, and with
-    ``kind="int"`` (and integer alpha, beta) on any difference from the reference.
-
-    Raises:
-        ValueError: ``in_place`` without ``with_cin``; whatever ``prepare_fn`` raises.
-    """
-    if in_place and not with_cin:
-        raise ValueError("in_place=True passes y as Cin: it needs with_cin=True")
-    x, w = problem.make_inputs(device="cuda", kind=kind, seed=seed)
-    g = torch.Generator(device="cuda").manual_seed(seed + 1)
-    dt = problem.torch_dtype
-
-    def operand(shape):
-        if kind == "int":
-            return torch.randint(-4, 5, shape, generator=g, device="cuda").to(dt)
-        return torch.randn(shape, generator=g, device="cuda").to(dt)
-
-    cin = operand(problem.y_shape) if with_cin else None
-    bias = operand((problem.K,)) if with_bias else None
-    ref = reference_epilogue(problem, x, w, epilogue, cin, bias)
-    outs = []
-    for _ in range(2):
-        if in_place:
-            y = cin.clone()
-            launch, y = prepare_fn(problem, x, w, y, bias, epilogue, y)
-        else:
-            y = torch.full(problem.y_shape, float("nan"), dtype=dt, device="cuda")
-            launch, y = prepare_fn(problem, x, w, cin, bias, epilogue, y)
-        launch()
-        torch.cuda.synchronize()
-        outs.append(y)
-    repeat_ok = bitwise_equal(outs[0], outs[1])
-    y4 = problem.to_nchw(outs[0])
-    fin = torch.isfinite(y4)
-    nonfinite = int((~fin).sum())
-    yd = y4.to(torch.float64)
-    err = torch.where(fin, (yd - ref).abs(), torch.full_like(ref, math.inf))
-    u = UNIT_ROUNDOFF[accum]
-    n = problem.gemm.k
-    gamma = n * u / (1 - n * u)
-    scale = reference_epilogue(problem, x, w, epilogue, cin, bias, absolute=True)
-    bound = (gamma + 4 * u + UNIT_ROUNDOFF[problem.dtype]) * scale + 1e-300
-    worst = float((err / bound).max())
-    diff = torch.where(fin, yd - ref, torch.zeros_like(ref))
-    ref_norm = float(ref.norm())
-    rel_l2 = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
-    exact = bool(torch.equal(y4, ref.to(dt))) if kind == "int" else None
-    reasons = []
-    if nonfinite:
-        reasons.append(f"{nonfinite} NaN/Inf outputs (unwritten or overflowed)")
-    if worst > 1:
-        reasons.append(f"error {worst:.3g}x the rounding bound")
-    lim = rel_l2_limit(problem, accum)
-    if rel_l2 > lim:
-        reasons.append(f"relative L2 error {rel_l2:.3g} > {lim:.3g}")
-    if exact is False:
-        reasons.append("integer inputs but not bit-exact")
-    if not repeat_ok:
-        reasons.append("second run differs bitwise (race?)")
-    return CheckResult(
-        variant=getattr(prepare_fn, "__name__", "fused"),
-        problem=problem.name,
-        kind=kind,
-        ok=not reasons,
-        reason="; ".join(reasons),
-        max_abs_err=float(err.max()),
-        worst_err_over_bound=worst,
-        rel_l2=rel_l2,
-        nonfinite=nonfinite,
-        exact=exact,
         repeat_bitwise=repeat_ok,
     )

@@ -2,10 +2,12 @@
 
 Two paths share one option list so they build the same code:
 
-* `load_kernel` builds with pycuda's ``SourceModule`` for the current device (needs a GPU) and
-  returns the function with its registers, static shared memory and local memory. Modules are
-  cached in-process by (file, source, defines, arch); pycuda caches the cubin on disk keyed on
-  the preprocessed source, so editing a header rebuilds too.
+* `load_kernel` builds with pycuda's ``SourceModule`` for the current device (needs a GPU), for
+  the device's own architecture or the target a variant names (``sm_90a`` for Hopper-only
+  instructions: `helpers.variants.Variant.target`), and returns the function with its
+  registers, static shared memory and local memory. Modules are cached in-process by (file,
+  source, defines, arch); pycuda caches the cubin on disk keyed on the preprocessed source, so
+  editing a header rebuilds too.
 * `nvcc_compile` runs plain ``nvcc -cubin -Xptxas -v`` for any architecture (no GPU needed; CI
   uses it for sm_75..sm_120) and `parse_ptxas` turns its report into numbers.
 
@@ -62,19 +64,21 @@ class CompiledKernel:
     shared_static_bytes: int
     local_bytes: int
     max_threads_per_block: int
-    module: object
 
 
 _modules: dict = {}
 
 
-def load_kernel(cu_file: str, entry: str, defines: dict | None = None, dynamic_smem: int = 0) -> CompiledKernel:
+def load_kernel(
+    cu_file: str, entry: str, defines: dict | None = None, dynamic_smem: int = 0, arch: str | None = None
+) -> CompiledKernel:
     """Build ``kernels/conv2d/<cu_file>`` for the current GPU and return ``entry`` from it.
 
     Args:
         cu_file: file name relative to ``kernels/conv2d``.
         entry: the ``extern "C" __global__`` function's name.
         defines: compile-time parameters passed as ``-D`` flags.
+        arch: the ``-arch`` target (e.g. ``"sm_90a"``); default the device's own (``sm_XY``).
         dynamic_smem: dynamic shared bytes the caller will launch with; above 48 KB the kernel
             is opted in with ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the
             device's opt-in limit).
@@ -93,7 +97,8 @@ def load_kernel(cu_file: str, entry: str, defines: dict | None = None, dynamic_s
     info = gpu.device_info()
     path = kernel_path(cu_file)
     src = path.read_text()
-    key = (str(path), src, tuple(sorted((defines or {}).items())), info.arch)
+    arch = arch or info.arch
+    key = (str(path), src, tuple(sorted((defines or {}).items())), arch)
     mod = _modules.get(key)
     if mod is None:
         mod = SourceModule(
@@ -101,7 +106,7 @@ def load_kernel(cu_file: str, entry: str, defines: dict | None = None, dynamic_s
             options=NVCC_OPTIONS + define_flags(defines),
             include_dirs=[str(KERNEL_DIR)],
             no_extern_c=True,
-            arch=info.arch,
+            arch=arch,
         )
         _modules[key] = mod
     fn = mod.get_function(entry)
@@ -119,7 +124,6 @@ def load_kernel(cu_file: str, entry: str, defines: dict | None = None, dynamic_s
         shared_static_bytes=static,
         local_bytes=fn.local_size_bytes,
         max_threads_per_block=fn.max_threads_per_block,
-        module=mod,
     )
 
 

@@ -25,6 +25,7 @@ import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 LAYOUTS = ("NCHW", "NHWC")
+OPS = ("fprop", "dgrad", "wgrad")
 
 
 def _int(v, what: str) -> int:
@@ -90,6 +91,7 @@ class Conv2dProblem:
     groups: int = 1
     dtype: str = "fp32"
     layout: str = "NCHW"
+    op: str = "fprop"
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +133,8 @@ class Conv2dProblem:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}; got {self.layout!r}")
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}; got {self.op!r}")
         if self.P < 1 or self.Q < 1:
             rr = self.dilation[0] * (self.R - 1) + 1
             ss = self.dilation[1] * (self.S - 1) + 1
@@ -179,6 +183,24 @@ class Conv2dProblem:
     def y_shape(self) -> tuple[int, int, int, int]:
         """Shape of the output tensor in this problem's layout."""
         return (self.N, self.K, self.P, self.Q) if self.layout == "NCHW" else (self.N, self.P, self.Q, self.K)
+
+    @property
+    def inputs(self) -> tuple[str, str]:
+        """The op's inputs: fprop (x, w), dgrad (dy, w), wgrad (x, dy)."""
+        return {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("x", "dy")}[self.op]
+
+    @property
+    def output(self) -> str:
+        """The op's output: fprop y, dgrad dx, wgrad dw."""
+        return {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}[self.op]
+
+    def tensor_shape(self, name: str) -> tuple[int, int, int, int]:
+        """Shape of tensor ``name`` in this layout: x/dx `x_shape`, w/dw `w_shape`, y/dy `y_shape`."""
+        shapes = {"x": self.x_shape, "dx": self.x_shape, "w": self.w_shape, "dw": self.w_shape,
+                  "y": self.y_shape, "dy": self.y_shape}  # fmt: skip
+        if name not in shapes:
+            raise ValueError(f"no tensor {name!r}; known: {', '.join(shapes)}")
+        return shapes[name]
 
     @property
     def x_numel(self) -> int:

@@ -1,30 +1,39 @@
-"""The variant registry: every kernel of the series, what it supports, how it is launched.
+"""The variant registry and the one launch path: every kernel of the series, what it supports,
+what it builds for and how it is launched.
 
-A `Variant` ties a ``.cu`` file and entry point to three plain functions:
+A `Variant` ties a ``.cu`` file to plain functions of the problem:
 
-* ``supports(problem) -> str | None``: ``None`` if the kernel computes this problem correctly,
+* ``supports_fn(problem) -> str | None``: ``None`` if the kernel computes this problem correctly,
   otherwise the reason it does not (shown to the user, e.g. "needs stride 1; got (2, 1)");
-* ``launch(problem) -> LaunchConfig``: grid, block and dynamic shared bytes;
-* ``args(problem) -> tuple``: the scalar arguments after the pointers ``x, w, y``.
+* ``launches_fn(problem, epilogue) -> list[KernelLaunch]``: the kernel launches of one run, in
+  order (one for most variants; day 08 lowers into a workspace, then multiplies). Each names its
+  entry point, grid/block/shared bytes and its arguments, pointers by name (`Buffer`: the op's
+  tensors x, w, y (or dy, dx, dw), ``workspace``, the epilogue operands ``cin`` and ``bias``)
+  and scalars as numpy values (``np.int32``, ``np.float32``, as pycuda needs);
+* ``covers_fn(problem, cfg) -> np.ndarray``: a Python model of the last launch (the one that
+  writes the output): how many times it writes each output element, so tests prove on the CPU
+  that every element is written exactly once.
 
-and one Python model of the kernel, ``covers(problem, cfg) -> np.ndarray``, which counts how many
-times the launch writes each output element, so tests can prove on the CPU that every element is
-written exactly once.
+and declares what it takes: the operation (``op``), dtypes and layouts, the epilogue operands it
+reads (``operands``) and whether it fuses an `helpers.epilogue.Epilogue`, the scratch bytes it
+needs (``workspace_fn``), extra tensor requirements (``tensor_check_fn``, e.g. alignment), and
+its build target (``min_cc``, ``arch_suffix``: ``"a"`` builds for ``sm_90a``, the Hopper-only
+instructions).
 
-`run` validates tensors and the problem *before* anything touches the GPU, then launches on the
-legacy default stream (torch's default), so kernels and torch ops stay ordered.
+`prepare` is the one launch path: it validates everything once (the problem, the tensors and
+operands by name, aliasing, the device), compiles every kernel once and returns a `Plan` that
+launches them on the legacy default stream (torch's default), so kernels and torch ops stay
+ordered. `run` prepares, poisons the output with NaN and launches once.
 
-A variant that needs several kernels and scratch memory (day 08: im2col into a workspace, then
-a GEMM) also sets ``steps_fn(problem) -> list[Step]`` and ``workspace_fn(problem) -> bytes``.
-Each `Step` names its entry, launch configuration, pointer arguments (from x, w, y and the
-workspace) and scalars; `prepare` allocates the workspace and returns one closure that launches
-the steps in order, and `prepare_steps` returns one closure per step (to time them apart).
-`supports` checks every step's launch; ``launch_fn``/``covers_fn`` describe the last step, the
-one that writes y. Variants without ``steps_fn`` are one step, ``"main"``.
+The registry is filled by the days package (`DAYS_PACKAGE`): the core imports no day module;
+`get` and `all_variants` import that package by name the first time they are asked, and its
+import registers every day's variants.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,17 +41,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from .epilogue import OPERANDS, PLAIN, Epilogue, check_operands
 from .problem import Conv2dProblem
 
 # CUDA limits that hold on every GPU this series targets (sm_75 .. sm_120).
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
-DEFAULT_SMEM_LIMIT = 48 * 1024  # without opt-in; `run` asks the device for its opt-in limit
+DEFAULT_SMEM_LIMIT = 48 * 1024  # without opt-in; `prepare` asks the device for its opt-in limit
 INT32_MAX = 2**31 - 1  # the kernels take sizes, strides, padding and dilation as np.int32
+DAYS_PACKAGE = "days"  # the package whose import registers the series' variants
 
 
 class UnsupportedProblem(ValueError):
-    """The variant does not handle this problem; the message says why and what it accepts."""
+    """The variant does not handle this problem (or this GPU); the message says why and what it accepts."""
 
 
 @dataclass(frozen=True)
@@ -62,68 +73,79 @@ class LaunchConfig:
         return math.prod(self.grid)
 
 
-BUFFERS = ("x", "w", "y", "workspace")  # the pointers a `Step` can pass, by name
+@dataclass(frozen=True)
+class Buffer:
+    """A pointer argument of a kernel, by the name of the tensor it points to (see `prepare`)."""
+
+    name: str
 
 
 @dataclass(frozen=True)
-class Step:
-    """One kernel launch of a variant: its pointer arguments, then its scalar arguments.
-
-    ``buffers`` names the pointer arguments in order, from `BUFFERS`: the input x, the filter w,
-    the output y and the variant's scratch memory (``workspace``: `Variant.workspace_fn` bytes,
-    allocated by `prepare`). ``entry``, ``launch`` and ``scalars`` left ``None`` are the
-    variant's own: `Variant.entry_for`, `Variant.launch` and ``args_fn`` (`Variant.steps` fills
-    them in); the step that writes y usually leaves them so, which keeps ``covers`` its model.
-    Scalars must be numpy scalars (``np.int32``), as pycuda needs.
-
-    Raises:
-        ValueError: an unknown buffer name.
-    """
+class KernelLaunch:
+    """One kernel launch of a variant: ``entry`` with ``config`` on ``args`` (in the kernel's
+    order: `Buffer` for pointers, numpy scalars for values). ``name`` labels it in a `Plan`
+    (``"main"`` for one-kernel variants)."""
 
     name: str
-    buffers: tuple[str, ...]
-    entry: str | None = None
-    launch: LaunchConfig | None = None
-    scalars: tuple | None = None
-
-    def __post_init__(self) -> None:
-        unknown = [b for b in self.buffers if b not in BUFFERS]
-        if unknown:
-            raise ValueError(f"step {self.name!r}: unknown buffers {unknown}; known: {BUFFERS}")
+    entry: str
+    config: LaunchConfig
+    args: tuple
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One kernel of the series (see the module docstring)."""
+    """One kernel (or kernel pipeline) of the series; see the module docstring."""
 
     name: str
     day: int
     cu_file: str
-    entry: str
     summary: str
     supports_fn: Callable[[Conv2dProblem], str | None]
-    launch_fn: Callable[[Conv2dProblem], LaunchConfig]
-    args_fn: Callable[[Conv2dProblem], tuple]
+    launches_fn: Callable[[Conv2dProblem, Epilogue], list[KernelLaunch]]
     covers_fn: Callable[[Conv2dProblem, LaunchConfig], np.ndarray]
     defines: dict = field(default_factory=dict)
     accum: str = "fp32"  # accumulator precision, for the error bound in `helpers.check`
-    # For files with several specialised entry points (e.g. one per filter size): picks the
-    # entry for a problem. ``entry`` is then the default one.
-    entry_fn: Callable[[Conv2dProblem], str] | None = None
+    op: str = "fprop"
     dtypes: tuple[str, ...] = ("fp32",)
     layouts: tuple[str, ...] = ("NCHW",)
-    # Extra requirements on the tensors themselves (e.g. 16-byte aligned pointers for vector
-    # loads): (problem, x, w, y or None) -> None, or the reason they cannot be passed. Checked
-    # in `prepare` right after `check_tensors`, before any GPU call (y is None when `prepare`
-    # allocates it; torch's allocations are 256-byte aligned).
-    tensor_check_fn: Callable[[Conv2dProblem, torch.Tensor, torch.Tensor, torch.Tensor], str | None] | None = None
-    # Several kernels per run (see the module docstring): the steps in launch order, and the
-    # bytes of scratch memory they share (``workspace`` in `Step.buffers`).
-    steps_fn: Callable[[Conv2dProblem], list[Step]] | None = None
+    operands: tuple[str, ...] = ()  # the epilogue operands it reads (`helpers.epilogue.OPERANDS`)
+    fused_epilogue: bool = False  # whether it applies a non-plain `Epilogue`
+    # Scratch memory one run needs, in bytes (passed as Buffer("workspace")); None: none.
     workspace_fn: Callable[[Conv2dProblem], int] | None = None
+    # Extra requirements on the tensors themselves (e.g. 16-byte aligned pointers for vector
+    # loads): (problem, {name: tensor or None}, epilogue) -> None, or the reason they cannot be
+    # passed. The output is None when `prepare` allocates it (torch's allocations are aligned).
+    tensor_check_fn: Callable[[Conv2dProblem, dict, Epilogue], str | None] | None = None
+    min_cc: tuple[int, int] = (7, 5)  # oldest compute capability it builds for (CUDA 13: sm_75)
+    min_cc_why: str = ""  # what needs min_cc, for the refusal
+    arch_suffix: str = ""  # "a": built for sm_XYa (wgmma, TMA), which runs on exactly that GPU
 
-    def supports(self, problem: Conv2dProblem, smem_limit: int = DEFAULT_SMEM_LIMIT) -> str | None:
-        """``None`` if this variant handles ``problem``, else the reason it does not."""
+    # ---- what it takes ----------------------------------------------------------------------
+    def build_reason(self, cc: tuple[int, int]) -> str | None:
+        """None if this variant builds for and runs on a GPU of compute capability ``cc``, else why not."""
+        cc = tuple(cc)
+        if cc < tuple(self.min_cc):
+            why = f" ({self.min_cc_why})" if self.min_cc_why else ""
+            return (f"{self.name} needs a GPU of compute capability {self.min_cc[0]}.{self.min_cc[1]} or newer{why}; "
+                    f"this one is {cc[0]}.{cc[1]}")  # fmt: skip
+        if self.arch_suffix and cc != tuple(self.min_cc):
+            return (f"{self.name} is built for sm_{self.min_cc[0]}{self.min_cc[1]}{self.arch_suffix}, whose "
+                    f"instructions exist only on compute capability {self.min_cc[0]}.{self.min_cc[1]}; "
+                    f"this one is {cc[0]}.{cc[1]}")  # fmt: skip
+        return None
+
+    def target(self, cc: tuple[int, int]) -> str:
+        """The ``-arch`` it compiles with for a GPU of compute capability ``cc``: ``sm_XY``, or
+        ``sm_XYa`` with ``arch_suffix`` (see `build_reason` for where it runs at all)."""
+        return f"sm_{cc[0]}{cc[1]}{self.arch_suffix}"
+
+    def supports(
+        self, problem: Conv2dProblem, smem_limit: int = DEFAULT_SMEM_LIMIT, cc: tuple[int, int] | None = None
+    ) -> str | None:
+        """``None`` if this variant handles ``problem`` (on a GPU of compute capability ``cc``,
+        when given), else the reason it does not."""
+        if problem.op != self.op:
+            return f"{self.name} computes {self.op}; got a {problem.op} problem"
         if problem.dtype not in self.dtypes:
             return f"{self.name} takes dtype {'/'.join(self.dtypes)}; got {problem.dtype}"
         if problem.layout not in self.layouts:
@@ -137,11 +159,10 @@ class Variant:
         reason = self.supports_fn(problem)
         if reason:
             return f"{self.name}: {reason}"
-        if self.steps_fn is None:
-            configs = [(self.name, self.launch_fn(problem))]
-        else:  # every kernel of the run, named in the reason
-            configs = [(f"{self.name} ({s.name} kernel)", s.launch) for s in self.steps(problem)]
-        for who, cfg in configs:
+        launches = self.launches(problem)
+        for k in launches:
+            who = self.name if len(launches) == 1 else f"{self.name} ({k.name} kernel)"
+            cfg = k.config
             if cfg.threads_per_block > MAX_THREADS_PER_BLOCK:
                 return f"{who}: block {cfg.block} has more than {MAX_THREADS_PER_BLOCK} threads"
             for axis, (g, limit) in enumerate(zip(cfg.grid, MAX_GRID)):
@@ -149,60 +170,57 @@ class Variant:
                     return f"{who}: grid {'xyz'[axis]} = {g} is outside 1..{limit}"
             if cfg.shared_bytes > smem_limit:
                 return f"{who}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
-        return None
-
-    def launch(self, problem: Conv2dProblem) -> LaunchConfig:
-        return self.launch_fn(problem)
-
-    def in_layout(self, problem: Conv2dProblem) -> Conv2dProblem:
-        """``problem`` itself if this variant takes its layout, else the same problem in the
-        variant's first layout (e.g. an NCHW suite problem as NHWC for an NHWC kernel)."""
-        if problem.layout in self.layouts:
-            return problem
-        return replace(problem, layout=self.layouts[0], name="")
+        return self.build_reason(cc) if cc is not None else None
 
     def adapt(self, problem: Conv2dProblem) -> Conv2dProblem:
-        """`in_layout`, and in the variant's first dtype too if it does not take the problem's
-        (e.g. an fp32 suite problem as fp16 NHWC for a tensor-core kernel)."""
-        p = self.in_layout(problem)
-        if p.dtype in self.dtypes:
-            return p
-        return replace(p, dtype=self.dtypes[0], name="")
+        """``problem`` itself if this variant takes its layout and dtype, else the same problem in
+        the variant's first layout and/or dtype (e.g. an fp32 NCHW suite problem as fp16 NHWC for
+        a tensor-core kernel). The operation is never changed."""
+        layout = problem.layout if problem.layout in self.layouts else self.layouts[0]
+        dtype = problem.dtype if problem.dtype in self.dtypes else self.dtypes[0]
+        if (layout, dtype) == (problem.layout, problem.dtype):
+            return problem
+        return replace(problem, layout=layout, dtype=dtype, name="")
+
+    # ---- how it launches ----------------------------------------------------------------------
+    def launches(self, problem: Conv2dProblem, epilogue: Epilogue = PLAIN) -> list[KernelLaunch]:
+        """The kernel launches of one run, in order (see `KernelLaunch`).
+
+        Raises:
+            ValueError: launch names that are not unique.
+        """
+        ks = list(self.launches_fn(problem, epilogue))
+        names = [k.name for k in ks]
+        if not ks or len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: launch names must be unique and at least one; got {names}")
+        return ks
+
+    def launch(self, problem: Conv2dProblem) -> LaunchConfig:
+        """The launch configuration of the kernel that writes the output (the last one)."""
+        return self.launches(problem)[-1].config
 
     def entry_for(self, problem: Conv2dProblem) -> str:
-        """The kernel function this variant launches for ``problem``."""
-        return self.entry_fn(problem) if self.entry_fn else self.entry
+        """The entry point of the kernel that writes the output."""
+        return self.launches(problem)[-1].entry
 
     def covers(self, problem: Conv2dProblem) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) predicted by the Python model."""
-        return self.covers_fn(problem, self.launch_fn(problem))
-
-    def steps(self, problem: Conv2dProblem) -> list[Step]:
-        """The kernel launches of one run, in order, every field filled in (see `Step`).
-
-        Without ``steps_fn``: one step, ``"main"``, launching `entry_for` with `launch` on
-        (x, w, y) and ``args_fn``'s scalars.
-        """
-        if self.steps_fn is None:
-            return [Step("main", ("x", "w", "y"), self.entry_for(problem), self.launch_fn(problem),
-                         tuple(self.args_fn(problem)))]  # fmt: skip
-        steps = [
-            replace(
-                s,
-                entry=s.entry or self.entry_for(problem),
-                launch=s.launch or self.launch_fn(problem),
-                scalars=tuple(self.args_fn(problem) if s.scalars is None else s.scalars),
-            )
-            for s in self.steps_fn(problem)
-        ]
-        names = [s.name for s in steps]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{self.name}: step names must be unique; got {names}")
-        return steps
+        return self.covers_fn(problem, self.launch(problem))
 
     def workspace_bytes(self, problem: Conv2dProblem) -> int:
         """Bytes of scratch memory one run needs (0 without ``workspace_fn``)."""
         return int(self.workspace_fn(problem)) if self.workspace_fn else 0
+
+    def with_output_launch(self, change: Callable[[LaunchConfig], LaunchConfig], name: str) -> Variant:
+        """An unregistered copy named ``name`` whose output-writing launch runs with
+        ``change(config)`` instead (e.g. a grid capped lower, to exercise grid-stride loops)."""
+        launches_fn = self.launches_fn
+
+        def changed(p: Conv2dProblem, ep: Epilogue) -> list[KernelLaunch]:
+            ks = list(launches_fn(p, ep))
+            return ks[:-1] + [replace(ks[-1], config=change(ks[-1].config))]
+
+        return replace(self, name=name, launches_fn=changed)
 
 
 REGISTRY: dict[str, Variant] = {}
@@ -216,16 +234,9 @@ def register(v: Variant) -> Variant:
     return v
 
 
-def _load_all() -> None:
-    """Import the modules whose import registers variants (days in curriculum order)."""
-    import importlib
-
-    for mod in ("direct", "tiled", "blocked", "general", "im2col", "igemm", "wmma", "mma", "pipelined"):
-        try:
-            importlib.import_module(f"{__package__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{mod}":  # a real import error inside the module
-                raise
+def _load_days() -> None:
+    """Import the days package once; importing it registers every day's variants."""
+    importlib.import_module(DAYS_PACKAGE)
 
 
 def get(name: str | Variant) -> Variant:
@@ -236,7 +247,7 @@ def get(name: str | Variant) -> Variant:
     """
     if isinstance(name, Variant):
         return name
-    _load_all()
+    _load_days()
     try:
         return REGISTRY[name]
     except KeyError:
@@ -245,26 +256,32 @@ def get(name: str | Variant) -> Variant:
 
 def all_variants(max_day: int | None = None) -> list[Variant]:
     """Every registered variant (up to ``max_day``), in curriculum order."""
-    _load_all()
+    _load_days()
     vs = sorted(REGISTRY.values(), key=lambda v: (v.day, v.name))
     return [v for v in vs if max_day is None or v.day <= max_day]
 
 
-# ---- validation and launch -------------------------------------------------------------------
+# ---- validation -------------------------------------------------------------------------------
 
 
-def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None) -> None:
-    """Raise a clear error if ``x``/``w`` (and ``y``, if given) do not match ``problem`` or cannot
-    be passed to a kernel.
+def check_tensors(problem: Conv2dProblem, inputs: tuple, out: torch.Tensor | None = None) -> None:
+    """Raise a clear error if the op's ``inputs`` (and ``out``, if given) do not match ``problem``
+    or cannot be passed to a kernel.
 
-    Checked in this order: type, dtype, shape, contiguity of x and w; the same for y (one
-    ValueError); device (CUDA, the same one for all).
+    ``inputs`` are the op's two inputs in `Conv2dProblem.inputs` order (fprop: x, w) and ``out``
+    its output (fprop: y). Checked in this order: count; type, dtype, shape, contiguity of each
+    input; the same for the output (one ValueError); device (CUDA, the same one for all).
 
     Raises:
-        TypeError: x or w is not a tensor, or has the wrong dtype.
-        ValueError: wrong shape, not contiguous, not on a CUDA device (or not on x's); a bad ``y``.
+        TypeError: an input is not a tensor, or has the wrong dtype; the wrong number of inputs.
+        ValueError: wrong shape, not contiguous, not on a CUDA device (or not on the first
+            input's); a bad output.
     """
-    for nm, t, shape in (("x", x, problem.x_shape), ("w", w, problem.w_shape)):
+    names = problem.inputs
+    if len(inputs) != len(names):
+        raise TypeError(f"a {problem.op} problem takes {len(names)} inputs ({', '.join(names)}); got {len(inputs)}")
+    for nm, t in zip(names, inputs):
+        shape = problem.tensor_shape(nm)
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{nm} must be a torch.Tensor; got {type(t).__name__}")
         if t.dtype != problem.torch_dtype:
@@ -276,168 +293,239 @@ def check_tensors(problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: t
                 f"{nm} is not contiguous (strides {t.stride()}); kernels read dense {problem.layout} "
                 f"memory: pass {nm}.contiguous()"
             )
-    if y is not None and not (
-        isinstance(y, torch.Tensor)
-        and y.dtype == problem.torch_dtype
-        and tuple(y.shape) == problem.y_shape
-        and y.is_contiguous()
+    onm, oshape = problem.output, problem.tensor_shape(problem.output)
+    if out is not None and not (
+        isinstance(out, torch.Tensor)
+        and out.dtype == problem.torch_dtype
+        and tuple(out.shape) == oshape
+        and out.is_contiguous()
     ):
-        got = f"{y.dtype} {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ValueError(f"y must be a contiguous {problem.torch_dtype} tensor of shape {problem.y_shape}; got {got}")
-    named = (("x", x), ("w", w)) + ((("y", y),) if y is not None else ())
+        got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{onm} must be a contiguous {problem.torch_dtype} tensor of shape {oshape}; got {got}")
+    named = list(zip(names, inputs)) + ([(onm, out)] if out is not None else [])
     for nm, t in named:
         if t.device.type != "cuda":
             raise ValueError(f"{nm} is on {t.device}; kernels need CUDA tensors: pass {nm}.cuda()")
+    first_nm, first = named[0]
     for nm, t in named[1:]:
-        if t.device != x.device:
-            raise ValueError(f"x is on {x.device} but {nm} is on {t.device}")
+        if t.device != first.device:
+            raise ValueError(f"{first_nm} is on {first.device} but {nm} is on {t.device}")
 
 
-def _validate(v: Variant, problem: Conv2dProblem, x, w, y) -> None:
-    """Every check `prepare` makes before compiling, in order: shape-level `Variant.supports` (no
-    GPU call), `check_tensors`, the variant's ``tensor_check_fn``, then `supports` with the device's
-    shared-memory limit and the current stream. Raises what `prepare` documents."""
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two dense tensors share any byte of memory."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1 and a.device == b.device
+
+
+def check_aliasing(out_name: str, out: torch.Tensor, reads: dict) -> None:
+    """The output is written while other blocks still read every input and operand: it may share
+    memory with none of them, except ``cin`` being exactly the output (each element is read by
+    the thread that writes it: an in-place update).
+
+    Raises:
+        ValueError: the output overlaps a tensor it must not.
+    """
+    for nm, t in reads.items():
+        if t is None or not overlaps(out, t):
+            continue
+        if nm == "cin" and _byte_range(t) == _byte_range(out):
+            continue
+        if nm == "cin":
+            raise ValueError(f"cin overlaps {out_name} without being {out_name}: pass {out_name} itself (in place) "
+                             "or a separate tensor")  # fmt: skip
+        raise ValueError(
+            f"{out_name} overlaps {nm} in memory: the kernel writes {out_name} while other blocks read {nm}"
+        )
+
+
+def _validate(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict, epilogue: Epilogue):
+    """Every check `prepare` makes before compiling, in order; returns the device facts.
+
+    Shape-level `Variant.supports` (no GPU call); the operands and epilogue this variant takes;
+    `check_tensors`; `helpers.epilogue.check_operands`; aliasing of a given output; the variant's
+    ``tensor_check_fn``; then `supports` with the device's shared-memory limit and compute
+    capability, and the current stream. Raises what `prepare` documents."""
     reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
     if reason:
         raise UnsupportedProblem(reason)
-    check_tensors(problem, x, w, y)
+    unknown = [nm for nm, t in operands.items() if nm not in v.operands and t is not None]
+    if unknown:
+        takes = ", ".join(v.operands) or "none"
+        raise ValueError(f"{v.name} reads no {', '.join(unknown)}; the operands it takes: {takes}")
+    if not epilogue.is_plain and not v.fused_epilogue:
+        raise ValueError(f"{v.name} fuses no epilogue: it computes the plain {v.op}; got {epilogue}")
+    check_tensors(problem, inputs, out)
+    check_operands(problem, epilogue, operands, ref=inputs[0])
+    tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, **operands}
+    if out is not None:
+        check_aliasing(problem.output, out, {**dict(zip(problem.inputs, inputs)), **operands})
     if v.tensor_check_fn is not None:
-        reason = v.tensor_check_fn(problem, x, w, y)
+        reason = v.tensor_check_fn(problem, tensors, epilogue)
         if reason:
             raise ValueError(f"{v.name}: {reason}")
     from . import gpu
 
     info = gpu.device_info()
-    reason = v.supports(problem, smem_limit=info.smem_per_block_optin)
+    reason = v.supports(problem, smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:
         raise UnsupportedProblem(reason)
-    if torch.cuda.current_stream(x.device).cuda_stream != 0:
+    if torch.cuda.current_stream(inputs[0].device).cuda_stream != 0:
         raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+    return info
+
+
+# ---- the launch path -------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What `prepare` returns with the output: call it to launch every kernel once, in order.
+
+    ``kernels`` maps each launch's name to a closure that launches that kernel alone (call them
+    in order: a later kernel reads what an earlier one wrote), so ``helpers.timing.time_gpu`` can
+    time them apart; ``workspace`` is the uint8 scratch tensor they share (None if the variant
+    needs none). The plan keeps every tensor it points to alive.
+    """
+
+    kernels: dict[str, Callable[[], None]]
+    workspace: torch.Tensor | None = None
+    tensors: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def __call__(self) -> None:
+        for f in self.kernels.values():
+            f()
+
+
+def _launcher(fn, args: tuple, cfg: LaunchConfig) -> Callable[[], None]:
+    def launch() -> None:
+        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
+
+    return launch
+
+
+def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[tuple[KernelLaunch, object]]:
+    """Build every launch's kernel of ``v`` for ``arch`` (cached): ``[(launch, pycuda function)]``.
+
+    Raises:
+        UnsupportedProblem: a block larger than the compiled kernel allows.
+    """
+    from .compile import load_kernel
+
+    out = []
+    for k in launches:
+        kern = load_kernel(v.cu_file, k.entry, v.defines, dynamic_smem=k.config.shared_bytes, arch=arch)
+        if k.config.threads_per_block > kern.max_threads_per_block:
+            raise UnsupportedProblem(
+                f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
+                f"allows {kern.max_threads_per_block} (registers: {kern.num_regs})"
+            )
+        out.append((k, kern.function))
+    return out
+
+
+def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
+    """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
+    pointer (0 for an operand passed as None).
+
+    Raises:
+        ValueError: a launch names a buffer that is not among ``tensors``.
+    """
+    out = {}
+    for k, fn in compiled:
+        args = []
+        for a in k.args:
+            if isinstance(a, Buffer):
+                if a.name not in tensors:
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
+                                     f"{', '.join(tensors)}")  # fmt: skip
+                t = tensors[a.name]
+                args.append(np.uintp(t.data_ptr() if t is not None else 0))
+            else:
+                args.append(a)
+        out[k.name] = _launcher(fn, tuple(args), k.config)
+    return out
 
 
 def prepare(
-    variant: str | Variant, problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None
-) -> tuple[Callable[[], None], torch.Tensor]:
-    """Validate, compile and return ``(launch, y)``: a closure that launches once, and the output.
+    variant: str | Variant,
+    problem: Conv2dProblem,
+    *inputs: torch.Tensor,
+    out: torch.Tensor | None = None,
+    epilogue: Epilogue = PLAIN,
+    **operands: torch.Tensor | None,
+) -> tuple[Plan, torch.Tensor]:
+    """Validate, compile and return ``(plan, out)``: a `Plan` that launches once, and the output.
 
-    Everything that can be wrong is checked here, before any launch: tensors, ``y`` included
-    (`check_tensors`), the problem (`Variant.supports`, with the device's shared-memory limit),
-    the current stream. Bad tensors and unsupported shapes are refused before any GPU call.
+    Args:
+        variant: a registered name or `Variant`.
+        problem: the problem; its ``op`` names the tensors.
+        inputs: the op's two inputs in `Conv2dProblem.inputs` order (fprop: x, w), in the
+            problem's layout and dtype, contiguous, on one CUDA device.
+        out: the output (fprop: y), or None to allocate one (not poisoned: see `run`).
+        epilogue: a fused `helpers.epilogue.Epilogue` (variants with ``fused_epilogue``).
+        operands: the epilogue operands by name (``cin``, ``bias``; the variant's ``operands``);
+            ``cin`` may be ``out`` itself (an in-place update).
+
+    Everything that can be wrong is checked before any launch, and bad tensors and unsupported
+    shapes before any GPU call (see `_validate`'s order).
 
     Raises:
-        TypeError, ValueError: see `check_tensors`; ValueError also for tensors the variant's
-            ``tensor_check_fn`` refuses (e.g. a misaligned pointer).
-        UnsupportedProblem: the variant does not handle ``problem``.
+        TypeError, ValueError: see `check_tensors` and `helpers.epilogue.check_operands`;
+            ValueError also for operands or an epilogue the variant does not take, an output that
+            overlaps an input or operand, and tensors the variant's ``tensor_check_fn`` refuses
+            (e.g. a misaligned pointer).
+        UnsupportedProblem: the variant does not handle ``problem``, or not on this GPU.
         RuntimeError: torch's current stream is not the default stream.
         NoGPUError: no GPU or no pycuda.
     """
     v = get(variant)
-    if v.steps_fn is not None:  # several kernels and a workspace: `prepare_steps`, then all in order
-        launches, y, _ = prepare_steps(v, problem, x, w, y)
-        fns = tuple(launches.values())
-
-        def launch_all() -> None:
-            for f in fns:
-                f()
-
-        return launch_all, y
-    _validate(v, problem, x, w, y)
-    from .compile import load_kernel
-
-    if y is None:
-        y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
-    cfg = v.launch(problem)
-    k = load_kernel(v.cu_file, v.entry_for(problem), v.defines, dynamic_smem=cfg.shared_bytes)
-    if cfg.threads_per_block > k.max_threads_per_block:
-        raise UnsupportedProblem(
-            f"{v.name}: block of {cfg.threads_per_block} threads, but this build allows "
-            f"{k.max_threads_per_block} (registers: {k.num_regs})"
-        )
-    args = (np.uintp(x.data_ptr()), np.uintp(w.data_ptr()), np.uintp(y.data_ptr()), *v.args_fn(problem))
-    fn = k.function
-
-    def launch() -> None:
-        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
-
-    return launch, y
-
-
-def _step_launcher(fn, args: tuple, cfg: LaunchConfig, workspace: torch.Tensor | None) -> Callable[[], None]:
-    def launch() -> None:
-        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
-
-    launch.workspace = workspace  # the closure keeps the workspace alive as long as it lives
-    return launch
-
-
-def prepare_steps(
-    variant: str | Variant, problem: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None = None
-) -> tuple[dict[str, Callable[[], None]], torch.Tensor, torch.Tensor | None]:
-    """Like `prepare`, but one closure per kernel: ``({step name: launch}, y, workspace)``.
-
-    The closures must be called in order (a later step reads what an earlier one wrote); each
-    launches its kernel once on the default stream, so ``helpers.timing.time_gpu`` can time the
-    steps apart. ``workspace`` is the uint8 CUDA tensor of `Variant.workspace_bytes` bytes on x's
-    device that the steps share (``None`` if the variant needs none); it is allocated last, after
-    every check passed and every kernel compiled. A variant without ``steps_fn`` gives
-    ``{"main": launch}``, exactly `prepare`'s closure.
-
-    Raises:
-        the same as `prepare`, with the same checks before any GPU call.
-    """
-    v = get(variant)
-    if v.steps_fn is None:
-        launch, y = prepare(v, problem, x, w, y)
-        return {"main": launch}, y, None
-    _validate(v, problem, x, w, y)
-    from .compile import load_kernel
-
-    steps = v.steps(problem)
+    bad = [nm for nm in operands if nm not in OPERANDS]
+    if bad:
+        raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")
+    info = _validate(v, problem, inputs, out, operands, epilogue)
+    launches = v.launches(problem, epilogue)
     nbytes = v.workspace_bytes(problem)
-    if nbytes <= 0 and any("workspace" in s.buffers for s in steps):
-        raise ValueError(f"{v.name}: a step passes the workspace, but workspace_fn gives {nbytes} bytes")
-    compiled = []
-    for s in steps:
-        k = load_kernel(v.cu_file, s.entry, v.defines, dynamic_smem=s.launch.shared_bytes)
-        if s.launch.threads_per_block > k.max_threads_per_block:
-            raise UnsupportedProblem(
-                f"{v.name} ({s.name} kernel): block of {s.launch.threads_per_block} threads, but this build "
-                f"allows {k.max_threads_per_block} (registers: {k.num_regs})"
-            )
-        compiled.append((s, k.function))
-    if y is None:
-        y = torch.empty(problem.y_shape, dtype=problem.torch_dtype, device=x.device)
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=x.device) if nbytes > 0 else None
-    ptrs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr(),
-            "workspace": workspace.data_ptr() if workspace is not None else 0}  # fmt: skip
-    launches = {}
-    for s, fn in compiled:
-        args = (*(np.uintp(ptrs[b]) for b in s.buffers), *s.scalars)
-        launches[s.name] = _step_launcher(fn, args, s.launch, workspace)
-    return launches, y, workspace
+    if nbytes <= 0 and any(isinstance(a, Buffer) and a.name == "workspace" for k in launches for a in k.args):
+        raise ValueError(f"{v.name}: a kernel passes the workspace, but workspace_fn gives {nbytes} bytes")
+    compiled = compile_launches(v, launches, v.target(info.cc))  # before anything is allocated
+    device = inputs[0].device
+    if out is None:
+        out = torch.empty(problem.tensor_shape(problem.output), dtype=problem.torch_dtype, device=device)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+    tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, "workspace": workspace,
+               **{nm: None for nm in v.operands}, **operands}  # fmt: skip
+    kernels = bind(compiled, tensors)
+    return Plan(kernels, workspace, tensors), out
 
 
 def run(
     variant: str | Variant,
     problem: Conv2dProblem,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    y: torch.Tensor | None = None,
+    *inputs: torch.Tensor,
+    out: torch.Tensor | None = None,
     poison: bool = True,
+    epilogue: Epilogue = PLAIN,
+    **operands: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Run ``variant`` once on ``x``, ``w`` (layout and dtype of ``problem``) and return ``y``.
+    """Run ``variant`` once on the op's ``inputs`` (fprop: x, w) and return the output (fprop: y).
 
-    ``y`` (allocated if not given) is filled with NaN first when ``poison`` is set, so an output
-    element the kernel never writes shows up as NaN. Synchronises and raises on a kernel fault.
+    The output (allocated if not given) is filled with NaN first when ``poison`` is set, so an
+    element the kernel never writes shows up as NaN (not with an in-place ``cin``: that is the
+    output's old value). Synchronises and raises on a kernel fault.
 
-    Shapes: x ``problem.x_shape``, w ``problem.w_shape``, y ``problem.y_shape``.
+    Shapes: `Conv2dProblem.tensor_shape` of each (fprop: x ``x_shape``, w ``w_shape``, y ``y_shape``).
 
     Raises:
         see `prepare`; ``pycuda.driver.LaunchError`` / ``RuntimeError`` on a fault in the kernel.
     """
-    launch, y = prepare(variant, problem, x, w, y)
-    if poison:
-        y.fill_(float("nan"))
-    launch()
+    plan, out = prepare(variant, problem, *inputs, out=out, epilogue=epilogue, **operands)
+    if poison and operands.get("cin") is not out:
+        out.fill_(float("nan"))
+    plan()
     torch.cuda.synchronize()
-    return y
+    return out

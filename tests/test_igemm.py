@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from days.day09_igemm_simt import MIN_BLOCKS, TILES, Tile, default_tile, igemm_pointer_check, make_igemm, vec_path
+from days.kit import blocks
 from helpers import gpu
-from helpers.igemm import MIN_BLOCKS, TILES, Tile, blocks, default_tile, igemm_pointer_check, make_igemm, vec_path
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
 from helpers.variants import get, prepare
@@ -40,7 +41,7 @@ def test_entry_names_follow_tile_and_load_path():
 def test_tile_rule_on_resnet50():
     """128 x BN when it makes MIN_BLOCKS blocks, 128 x 64 when that does, else 64 x 64; BN = 64 for K <= 64."""
     for p in resnet50():
-        p = get("igemm_simt").in_layout(p)
+        p = get("igemm_simt").adapt(p)
         t = default_tile(p)
         assert (t.bm, t.bn) in TILES
         if p.K <= 64:
@@ -75,14 +76,15 @@ def test_pointer_check_names_the_misaligned_tensor():
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape)
-    assert igemm_pointer_check(p, x, w, y) is None and igemm_pointer_check(p, x, w, None) is None
+    assert igemm_pointer_check(p, {"x": x, "w": w, "y": y}) is None
+    assert igemm_pointer_check(p, {"x": x, "w": w, "y": None}) is None
     xs = torch.empty(x.numel() + 1)[1:].view(x.shape)  # 4 bytes past an aligned allocation
-    assert "x.data_ptr() is not 16-byte aligned" in igemm_pointer_check(p, xs, w, y)
+    assert "x.data_ptr() is not 16-byte aligned" in igemm_pointer_check(p, {"x": xs, "w": w, "y": y})
     ys = torch.empty(y.numel() + 1)[1:].view(y.shape)
-    assert "y.data_ptr()" in igemm_pointer_check(p, x, w, ys)
+    assert "y.data_ptr()" in igemm_pointer_check(p, {"x": x, "w": w, "y": ys})
     p3 = nhwc(N=1, C=3, H=4, W=4, K=6, R=1, S=1)  # scalar loads (C % 4 != 0), scalar stores (K % 4 != 0)
     x3, w3 = p3.make_inputs()
-    assert igemm_pointer_check(p3, torch.empty(x3.numel() + 1)[1:].view(x3.shape), w3, None) is None
+    assert igemm_pointer_check(p3, {"x": torch.empty(x3.numel() + 1)[1:].view(x3.shape), "w": w3, "y": None}) is None
 
 
 def test_misaligned_x_refused_before_the_gpu(monkeypatch):

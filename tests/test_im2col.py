@@ -16,14 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from days import day08_im2col as hi
 from helpers import gpu
-from helpers import im2col as hi
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, resnet50
-from helpers.variants import LaunchConfig, Step, UnsupportedProblem, get, prepare, prepare_steps
+from helpers.variants import Buffer, KernelLaunch, LaunchConfig, UnsupportedProblem, get, prepare, run
 
 V = get("im2col")
-EDGE = [V.in_layout(p) for p in edge()]
+EDGE = [V.adapt(p) for p in edge()]
 CLAIMED = [p for p in EDGE if V.supports(p) is None]
 SMALL = [p for p in CLAIMED if p.x_numel * p.R * p.S < 2_000_000]
 EXTRA = [
@@ -83,7 +83,7 @@ def test_worked_example_rows():
 
 
 def test_workspace_is_the_lowered_matrix():
-    for p in CLAIMED + EXTRA + [V.in_layout(q) for q in resnet50((32,))]:
+    for p in CLAIMED + EXTRA + [V.adapt(q) for q in resnet50((32,))]:
         m, gk = hi.lowered_shape(p)
         assert (m, gk) == (p.N * p.P * p.Q, p.R * p.S * p.C) == (p.gemm.m, p.gemm.k)
         assert hi.lowered_bytes(p) == m * gk * 4 == V.workspace_bytes(p) == hi.workspace_bytes(p)
@@ -95,7 +95,7 @@ def test_blowup_is_rs_over_stride_squared():
     assert hi.blowup(same3) == 9
     s2_1x1 = nhwc(N=2, C=8, H=10, W=12, K=4, R=1, S=1, stride=2)  # reads every other pixel of every other row
     assert hi.blowup(s2_1x1) == 0.25
-    for p in (V.in_layout(q) for q in resnet50((32,))):
+    for p in (V.adapt(q) for q in resnet50((32,))):
         approx = p.R * p.S / (p.stride[0] * p.stride[1])
         assert hi.blowup(p) == pytest.approx(approx, rel=0.1), p.name  # border effects only
 
@@ -103,29 +103,38 @@ def test_blowup_is_rs_over_stride_squared():
 # ---- steps, launches and coverage ------------------------------------------------------------
 
 
-def test_steps_are_im2col_then_gemm():
+def test_launches_are_im2col_then_gemm():
     p = EXTRA[0]
-    s1, s2 = V.steps(p)
-    assert (s1.name, s1.entry, s1.buffers) == ("im2col", "im2col_nhwc", ("x", "workspace"))
-    assert s1.launch == hi.im2col_launch(p) and s1.scalars == hi.im2col_args(p)
-    assert (s2.name, s2.entry, s2.buffers) == ("gemm", V.entry_for(p), ("workspace", "w", "y"))
-    assert s2.launch == V.launch(p) and s2.scalars == hi.gemm_args(p)  # the variant's own: what covers models
-    assert all(isinstance(a, np.int32) for a in s1.scalars + s2.scalars)
+    k1, k2 = V.launches(p)
+    m, gk = hi.lowered_shape(p)
+    assert (k1.name, k1.entry, k1.config) == ("im2col", "im2col_nhwc", hi.im2col_launch(p))
+    assert k1.args[:2] == (Buffer("x"), Buffer("workspace"))
+    assert [int(a) for a in k1.args[2:]] == [p.N, p.C, p.H, p.W, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation]
+    assert (k2.name, k2.entry, k2.config) == ("gemm", V.entry_for(p), V.launch(p))  # the one `covers` models
+    assert k2.args[:3] == (Buffer("workspace"), Buffer("w"), Buffer("y"))
+    assert [int(a) for a in k2.args[3:]] == [m, p.K, gk]
+    assert all(isinstance(a, np.int32) for a in k1.args[2:] + k2.args[3:])
     assert V.entry_for(nhwc(N=1, C=4, H=8, W=8, K=64, R=1, S=1)) == "sgemm_nt_128x64"
     assert V.entry_for(nhwc(N=1, C=4, H=8, W=8, K=65, R=1, S=1)) == "sgemm_nt_128x128"
 
 
-def test_single_kernel_variant_is_one_main_step():
+def test_single_kernel_variant_is_one_main_launch():
     v = get("general")
     p = edge()[0]
-    (s,) = v.steps(p)
-    assert (s.name, s.buffers, s.entry, s.launch) == ("main", ("x", "w", "y"), v.entry_for(p), v.launch(p))
-    assert s.scalars == tuple(v.args_fn(p)) and v.workspace_bytes(p) == 0
+    (k,) = v.launches(p)
+    assert (k.name, k.entry, k.config) == ("main", v.entry_for(p), v.launch(p))
+    assert k.args[:3] == (Buffer("x"), Buffer("w"), Buffer("y")) and len(k.args) == 3 + 16
+    assert v.workspace_bytes(p) == 0
 
 
-def test_step_refuses_unknown_buffer():
-    with pytest.raises(ValueError, match="unknown buffers"):
-        Step("bad", ("x", "scratch"))
+def test_launch_names_must_be_unique():
+    def twice(p, ep):
+        k = KernelLaunch("main", "conv2d_general", LaunchConfig((1, 1, 1), (1, 1, 1)), ())
+        return [k, k]
+
+    bad = dataclasses.replace(get("general"), name="general_twice", launches_fn=twice)
+    with pytest.raises(ValueError, match="unique"):
+        bad.launches(edge()[0])
 
 
 @pytest.mark.parametrize("p", CLAIMED + EXTRA, ids=ids(CLAIMED + EXTRA))
@@ -141,18 +150,18 @@ def test_every_output_and_col_element_written_once(p: Conv2dProblem):
 
 
 def test_grid_limits_on_resnet50_and_the_tall_edge_problem():
-    for p in [V.in_layout(q) for q in resnet50()] + [q for q in CLAIMED if q.P > 65535]:
+    for p in [V.adapt(q) for q in resnet50()] + [q for q in CLAIMED if q.P > 65535]:
         assert V.supports(p) is None, p.name
-        for s in V.steps(p):
-            assert 1 <= s.launch.grid[0] <= 2**31 - 1 and s.launch.grid[1] <= 65535 and s.launch.grid[2] == 1
+        for k in V.launches(p):
+            assert 1 <= k.config.grid[0] <= 2**31 - 1 and k.config.grid[1] <= 65535 and k.config.grid[2] == 1
 
 
-def test_supports_checks_every_step():
-    def steps_with_big_block(p):
-        s1, s2 = hi.im2col_steps(p)
-        return [dataclasses.replace(s1, launch=LaunchConfig(grid=(1, 1, 1), block=(2048, 1, 1))), s2]
+def test_supports_checks_every_launch():
+    def launches_with_big_block(p, ep):
+        k1, k2 = hi.im2col_launches(p)
+        return [dataclasses.replace(k1, config=LaunchConfig(grid=(1, 1, 1), block=(2048, 1, 1))), k2]
 
-    bad = dataclasses.replace(V, name="im2col_bad", steps_fn=steps_with_big_block)
+    bad = dataclasses.replace(V, name="im2col_bad", launches_fn=launches_with_big_block)
     reason = bad.supports(EXTRA[0])
     assert reason is not None and reason.startswith("im2col_bad (im2col kernel): block (2048, 1, 1)"), reason
 
@@ -205,7 +214,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(gpu, "device_info", touched)
 
 
-@pytest.mark.parametrize("call", [prepare, prepare_steps], ids=["prepare", "prepare_steps"])
+@pytest.mark.parametrize("call", [prepare, run], ids=["prepare", "run"])
 def test_refused_before_any_gpu_call(call, no_gpu):
     grouped = nhwc(N=1, C=4, H=8, W=8, K=4, R=3, S=3, padding=1, groups=2)
     x, w = grouped.make_inputs()
@@ -222,7 +231,7 @@ def test_refused_before_any_gpu_call(call, no_gpu):
     with pytest.raises(ValueError, match="w must have shape"):
         call("im2col", p, x, w.permute(0, 3, 1, 2))
     with pytest.raises(ValueError, match="y must be"):
-        call("im2col", p, x, w, torch.empty(p.y_shape, dtype=torch.float64))
+        call("im2col", p, x, w, out=torch.empty(p.y_shape, dtype=torch.float64))
 
 
 def test_sgemm_nt_validates_before_the_gpu(no_gpu):

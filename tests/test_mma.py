@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.mma import MMA_TILE, mma_vec_path, tensor_core_check
+from days.day11_igemm_mma import MMA_TILE, mma_vec_path, tensor_core_check
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big
 from helpers.variants import get
@@ -59,14 +59,16 @@ def test_tensor_check_names_the_misaligned_tensor():
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape, dtype=torch.float16)
-    assert tensor_core_check(p, x, w, y) is None and tensor_core_check(p, x, w, None) is None
+    assert tensor_core_check(p, {"x": x, "w": w, "y": y}) is None
+    assert tensor_core_check(p, {"x": x, "w": w, "y": None}) is None
     xs = torch.empty(x.numel() + 1, dtype=torch.float16)[1:].view(x.shape)  # 2 bytes off
-    assert "x.data_ptr() is not 16-byte aligned" in tensor_core_check(p, xs, w, y)
+    assert "x.data_ptr() is not 16-byte aligned" in tensor_core_check(p, {"x": xs, "w": w, "y": y})
     ys = torch.empty(y.numel() + 1, dtype=torch.float16)[1:].view(y.shape)
-    assert "y.data_ptr() is not 4-byte aligned" in tensor_core_check(p, x, w, ys)
+    assert "y.data_ptr() is not 4-byte aligned" in tensor_core_check(p, {"x": x, "w": w, "y": ys})
     p3 = nhwc(N=1, C=3, H=4, W=4, K=8, R=1, S=1)  # scalar loads: x and w need no alignment
     x3, w3 = p3.make_inputs()
-    assert tensor_core_check(p3, torch.empty(x3.numel() + 1, dtype=torch.float16)[1:].view(x3.shape), w3, None) is None
+    x3s = torch.empty(x3.numel() + 1, dtype=torch.float16)[1:].view(x3.shape)
+    assert tensor_core_check(p3, {"x": x3s, "w": w3, "y": None}) is None
 
 
 def test_odd_k_needs_no_aligned_y():
@@ -75,8 +77,8 @@ def test_odd_k_needs_no_aligned_y():
     p = nhwc(N=1, C=8, H=4, W=4, K=7, R=1, S=1)
     x, w = p.make_inputs()
     ys = torch.empty(math.prod(p.y_shape) + 1, dtype=torch.float16)[1:].view(p.y_shape)
-    assert tensor_core_check(p, x, w, ys) is None
+    assert tensor_core_check(p, {"x": x, "w": w, "y": ys}) is None
     p8 = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x8, w8 = p8.make_inputs()
     ys8 = torch.empty(math.prod(p8.y_shape) + 1, dtype=torch.float16)[1:].view(p8.y_shape)
-    assert "y.data_ptr() is not 4-byte aligned" in tensor_core_check(p8, x8, w8, ys8)
+    assert "y.data_ptr() is not 4-byte aligned" in tensor_core_check(p8, {"x": x8, "w": w8, "y": ys8})

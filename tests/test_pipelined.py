@@ -1,6 +1,6 @@
 """Day 12 on the CPU: tile descriptions and their refusals, the entry points of the ``.cu`` file,
 the iterator, tile and swizzle choices, the write-coverage model under every swizzle, the
-epilogue reference and the refusals of `prepare_fused`.
+epilogue reference and the refusals of `prepare` with a fused epilogue.
 
 The kernel itself runs in tests/gpu/test_pipelined_gpu.py; tests/test_compile.py builds the file
 for every architecture. With nvcc on PATH one test here builds it for sm_90 once more and
@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compile as hc
-from helpers import gpu
-from helpers import pipelined as hp
-from helpers.check import Epilogue, reference_epilogue
-from helpers.pipelined import (
+from days import day12_igemm_pipelined as hp
+from days.day12_igemm_pipelined import (
     CU_FILE,
     INSTANTIATED,
     ITERATORS,
@@ -29,7 +27,6 @@ from helpers.pipelined import (
     TILES,
     PipelinedConfig,
     TileDescription,
-    blocks,
     choose,
     choose_iterator,
     choose_swizzle,
@@ -37,14 +34,17 @@ from helpers.pipelined import (
     covers,
     iterator_reason,
     make_pipelined,
-    pipelined_args,
-    prepare_fused,
+    pipelined_launches,
     tensor_check,
     tiles_for,
 )
+from days.kit import blocks
+from helpers import compile as hc
+from helpers import gpu
+from helpers.epilogue import PLAIN, Epilogue, reference_epilogue
 from helpers.problem import Conv2dProblem
 from helpers.suites import suite
-from helpers.variants import MAX_GRID, UnsupportedProblem, get, prepare, run
+from helpers.variants import MAX_GRID, Buffer, UnsupportedProblem, get, prepare, run
 
 V = get("igemm_pipelined")
 DTYPES = ("fp16", "bf16")
@@ -194,7 +194,6 @@ def test_entry_names_follow_the_macro():
         assert re.fullmatch(
             r"igemm_pipelined_\d+x\d+x\d+_w\d+x\d+_s\d+_b\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
         )
-    assert V.entry in entries
     for t, it in PAIRS:
         for d in DTYPES:
             v = make_pipelined(tile=t, iterator=it)
@@ -205,32 +204,32 @@ def test_entry_names_follow_the_macro():
             assert v.entry_for(p) == f"igemm_pipelined_{t}_{it}_{d}" and v.entry_for(p) in entries
 
 
-def test_kernel_arguments_match_pipelined_args():
-    """The scalars after x, w, y have the kernel's types in the kernel's order (pycuda passes them raw)."""
+def test_kernel_arguments_match_the_launch_by_name():
+    """The launch's arguments have the kernel's names, types and order (pycuda passes them raw):
+    pointers as Buffers named like the kernel's parameters, scalars of the kernel's types."""
     src = hc.kernel_path(CU_FILE).read_text()
     body = src.split("#define PIPE_ENTRY_T", 1)[1].replace("\\\n", " ")
     params = re.search(r"##_##DT\((.*?)\)\s*\{", body, re.S)[1]
     decls = [d.strip() for d in params.split(",")]
-    assert [d.split()[-1].lstrip("*") for d in decls[:3]] == ["x", "w", "y"]
+    names = [d.split()[-1].lstrip("*") for d in decls]
 
     def kind(decl: str):
-        return np.uintp if "*" in decl else np.float32 if decl.startswith("float") else np.int32
+        return Buffer if "*" in decl else np.float32 if decl.startswith("float") else np.int32
 
     p = nhwc(N=2, C=16, H=9, W=7, K=24, R=3, S=2, stride=(2, 1), padding=(1, 0), dilation=(1, 2))
     cfg = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 3)
-    args = pipelined_args(p, cfg, Epilogue(alpha=2.0, beta=-1.0, relu=True), cin=1111, bias=2222)
-    assert [kind(d) for d in decls[3:]] == [type(a) for a in args]
-    names = [d.split()[-1].lstrip("*") for d in decls[3:]]
-    got = dict(zip(names, (a.item() for a in args)))
+    (launch,) = pipelined_launches(p, Epilogue(alpha=2.0, beta=-1.0, relu=True), cfg)
+    args = launch.args
+    assert [kind(d) for d in decls] == [type(a) for a in args]
+    got = {nm: (a.name if isinstance(a, Buffer) else a.item()) for nm, a in zip(names, args)}
     assert got == {
+        "x": "x", "w": "w", "y": "y",
         "N": 2, "C": 16, "H": 9, "W": 7, "K": 24, "R": 3, "S": 2, "P": p.P, "Q": p.Q, "sh": 2, "sw": 1,
-        "ph": 1, "pw": 0, "dh": 1, "dw": 2, "cin": 1111, "bias": 2222, "alpha": 2.0, "beta": -1.0,
+        "ph": 1, "pw": 0, "dh": 1, "dw": 2, "cin": "cin", "bias": "bias", "alpha": 2.0, "beta": -1.0,
         "relu": 1, "swz_log": 3,
     }  # fmt: skip
-    # prepare_fused patches cin, bias, alpha, beta, relu at positions 15 .. 19 of these scalars
-    assert names[15:20] == ["cin", "bias", "alpha", "beta", "relu"]
-    plain = pipelined_args(p, cfg)
-    assert [a.item() for a in plain[15:20]] == [0, 0, 1.0, 0.0, 0]
+    (plain,) = pipelined_launches(p, PLAIN, cfg)
+    assert [a.item() for a in plain.args[20:23]] == [1.0, 0.0, 0]
 
 
 @pytest.fixture(scope="module")
@@ -367,16 +366,17 @@ def test_tensor_check_alignment():
     y = torch.empty(p.y_shape, dtype=torch.float16)
     opt = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 0)
     ana = replace(opt, iterator="analytic")
-    assert tensor_check(p, x, w, y, opt) is None and tensor_check(p, x, w, None, opt) is None
-    assert "x.data_ptr() is not 16-byte aligned" in tensor_check(p, misaligned(x), w, y, opt)
-    assert "w.data_ptr() is not 16-byte aligned" in tensor_check(p, x, misaligned(w), y, opt)
-    assert "y.data_ptr() is not 16-byte aligned" in tensor_check(p, x, w, misaligned(y), opt)
-    assert tensor_check(p, misaligned(x), misaligned(w), y, ana) is None  # element loads
-    assert "y.clone()" in tensor_check(p, misaligned(x), misaligned(w), misaligned(y), ana)
+    assert tensor_check(p, {"x": x, "w": w, "y": y}, PLAIN, opt) is None
+    assert tensor_check(p, {"x": x, "w": w, "y": None}, PLAIN, opt) is None
+    assert "x.data_ptr() is not 16-byte aligned" in tensor_check(p, {"x": misaligned(x), "w": w, "y": y}, PLAIN, opt)
+    assert "w.data_ptr() is not 16-byte aligned" in tensor_check(p, {"x": x, "w": misaligned(w), "y": y}, PLAIN, opt)
+    assert "y.data_ptr() is not 16-byte aligned" in tensor_check(p, {"x": x, "w": w, "y": misaligned(y)}, PLAIN, opt)
+    assert tensor_check(p, {"x": misaligned(x), "w": misaligned(w), "y": y}, PLAIN, ana) is None  # element loads
+    assert "y.clone()" in tensor_check(p, {"x": misaligned(x), "w": misaligned(w), "y": misaligned(y)}, PLAIN, ana)
     p7 = replace(p, K=7, name="")  # K % 8 != 0: y stored element by element
     x7, w7 = p7.make_inputs()
     y7 = misaligned(torch.empty(p7.y_shape, dtype=torch.float16))
-    assert tensor_check(p7, misaligned(x7), misaligned(w7), y7, ana) is None
+    assert tensor_check(p7, {"x": misaligned(x7), "w": misaligned(w7), "y": y7}, PLAIN, ana) is None
 
 
 def test_misaligned_x_refused_before_the_gpu(monkeypatch):
@@ -618,24 +618,31 @@ def test_reference_epilogue_defaults_and_unused_operands():
     assert (got < 0).any()
 
 
-# ---- prepare_fused refusals -----------------------------------------------------------------
+# ---- fused-epilogue refusals of prepare -----------------------------------------------------------------
 
 
-def test_prepare_fused_refuses_cpu_tensors():
+def test_fused_refuses_cpu_tensors():
     p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     with pytest.raises(ValueError, match="kernels need CUDA tensors"):
-        prepare_fused(p, x, w)
+        prepare(V, p, x, w)
     cin, bias = _epilogue_operands(p)
     with pytest.raises(ValueError, match="kernels need CUDA tensors"):
-        prepare_fused(p, x, w, cin, bias, Epilogue(beta=1.0))
+        prepare(V, p, x, w, cin=cin, bias=bias, epilogue=Epilogue(beta=1.0))
 
 
-def test_prepare_fused_runs_day_12_only():
+def test_operands_and_epilogues_only_where_a_variant_fuses_them(no_gpu_checks):
     p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
     x, w = p.make_inputs()
-    with pytest.raises(ValueError, match="prepare_fused runs day 12's kernel; igemm_mma is 11_igemm_mma.cu"):
-        prepare_fused(p, x, w, variant="igemm_mma")
+    cin, bias = _epilogue_operands(p)
+    with pytest.raises(ValueError, match="igemm_mma reads no cin, bias; the operands it takes: none"):
+        prepare("igemm_mma", p, x, w, cin=cin, bias=bias)
+    with pytest.raises(ValueError, match="igemm_mma fuses no epilogue"):
+        prepare("igemm_mma", p, x, w, epilogue=Epilogue(relu=True))
+    with pytest.raises(TypeError, match="unknown operands"):
+        prepare(V, p, x, w, residual=cin)
+    with pytest.raises(_Compiled):  # None operands and the plain epilogue are what every variant takes
+        prepare("igemm_mma", p, x, w, cin=None, epilogue=Epilogue())
 
 
 class _Compiled(Exception):
@@ -644,8 +651,11 @@ class _Compiled(Exception):
 
 @pytest.fixture
 def no_gpu_checks(monkeypatch):
-    """`_validate` (the GPU half of the checks) passes, and compiling raises `_Compiled`."""
-    monkeypatch.setattr(hp, "_validate", lambda *a, **k: None)
+    """CPU tensors pass `check_tensors`, the device is a stand-in H200 on the default stream, and
+    compiling raises `_Compiled`: every other check of `prepare` runs for real."""
+    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)
+    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=H200_SMEM, cc=(9, 0)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
 
     def compiled(*a, **k):
         raise _Compiled
@@ -653,15 +663,15 @@ def no_gpu_checks(monkeypatch):
     monkeypatch.setattr(hc, "load_kernel", compiled)
 
 
-def test_prepare_fused_operand_refusals(no_gpu_checks):
+def test_fused_operand_refusals(no_gpu_checks):
     p = nhwc(N=2, C=8, H=6, W=5, K=12, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     cin, bias = _epilogue_operands(p)
     ep = Epilogue(alpha=1.0, beta=1.0)
     with pytest.raises(_Compiled):  # everything right: it gets as far as compiling
-        prepare_fused(p, x, w, cin, bias, ep)
+        prepare(V, p, x, w, cin=cin, bias=bias, epilogue=ep)
     with pytest.raises(_Compiled):  # beta = 0 needs no cin
-        prepare_fused(p, x, w, None, bias, Epilogue(alpha=3.0, relu=True))
+        prepare(V, p, x, w, cin=None, bias=bias, epilogue=Epilogue(alpha=3.0, relu=True))
     bad_cin = [
         (torch.zeros(p.N, p.P, p.Q, p.K + 1, dtype=torch.float16), ValueError, "cin must be a contiguous"),
         (p.to_nchw(cin), ValueError, "not contiguous"),  # NCHW view of the right numbers
@@ -670,7 +680,7 @@ def test_prepare_fused_operand_refusals(no_gpu_checks):
     ]
     for bad, exc, msg in bad_cin:
         with pytest.raises(exc, match=re.escape(msg)):
-            prepare_fused(p, x, w, bad, bias, ep)
+            prepare(V, p, x, w, cin=bad, bias=bias, epilogue=ep)
     for bad, exc, msg in [
         (torch.zeros(p.K + 1, dtype=torch.float16), ValueError,
          f"bias must be a contiguous torch.float16 tensor of shape ({p.K},)"),
@@ -679,29 +689,29 @@ def test_prepare_fused_operand_refusals(no_gpu_checks):
         ([0.0] * p.K, TypeError, "bias must be a torch.Tensor or None; got list"),
     ]:  # fmt: skip
         with pytest.raises(exc, match=re.escape(msg)):
-            prepare_fused(p, x, w, cin, bad, ep)
+            prepare(V, p, x, w, cin=cin, bias=bad, epilogue=ep)
     with pytest.raises(ValueError, match=r"epilogue beta = 2.0 needs cin"):
-        prepare_fused(p, x, w, None, bias, Epilogue(beta=2.0))
+        prepare(V, p, x, w, cin=None, bias=bias, epilogue=Epilogue(beta=2.0))
 
 
-def test_prepare_fused_cin_alignment(no_gpu_checks):
+def test_fused_cin_alignment(no_gpu_checks):
     """Cin is read in 16-byte runs when K % 8 == 0: a misaligned Cin is refused then, and accepted
     when it is not read (beta = 0) or read element by element (K % 8 != 0)."""
     p = nhwc(N=2, C=8, H=6, W=5, K=16, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     cin, bias = _epilogue_operands(p)
     with pytest.raises(ValueError, match=r"cin\.data_ptr\(\) is not 16-byte aligned"):
-        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=1.0))
+        prepare(V, p, x, w, cin=misaligned(cin), bias=bias, epilogue=Epilogue(beta=1.0))
     with pytest.raises(_Compiled):
-        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=0.0))
+        prepare(V, p, x, w, cin=misaligned(cin), bias=bias, epilogue=Epilogue(beta=0.0))
     p_odd = nhwc(N=2, C=8, H=6, W=5, K=12, R=3, S=3, padding=1)
     x, w = p_odd.make_inputs()
     cin, bias = _epilogue_operands(p_odd)
     with pytest.raises(_Compiled):
-        prepare_fused(p_odd, x, w, misaligned(cin), bias, Epilogue(beta=1.0))
+        prepare(V, p_odd, x, w, cin=misaligned(cin), bias=bias, epilogue=Epilogue(beta=1.0))
 
 
-def test_prepare_fused_refuses_aliasing(no_gpu_checks):
+def test_fused_refuses_aliasing(no_gpu_checks):
     """y is written while other blocks read x, w, bias and Cin: shared memory is refused, except
     Cin being exactly y (in place)."""
     p = nhwc(N=1, C=8, H=6, W=6, K=8, R=1, S=1)  # 1x1, C == K: x and y have one shape
@@ -709,17 +719,17 @@ def test_prepare_fused_refuses_aliasing(no_gpu_checks):
     cin, bias = _epilogue_operands(p)
     ep = Epilogue(alpha=1.0, beta=1.0)
     with pytest.raises(ValueError, match="y overlaps x in memory"):
-        prepare_fused(p, x, w, cin, bias, ep, y=x)
+        prepare(V, p, x, w, cin=cin, bias=bias, epilogue=ep, out=x)
     big = torch.zeros(2 * cin.numel(), dtype=cin.dtype)
     y, shifted = big[: cin.numel()].view(cin.shape), big[64 : 64 + cin.numel()].view(cin.shape)
     with pytest.raises(ValueError, match="cin overlaps y without being y"):
-        prepare_fused(p, x, w, shifted, bias, ep, y=y)
+        prepare(V, p, x, w, cin=shifted, bias=bias, epilogue=ep, out=y)
     with pytest.raises(ValueError, match="y overlaps bias in memory"):
-        prepare_fused(p, x, w, cin, y.view(-1)[: p.K], ep, y=y)
+        prepare(V, p, x, w, cin=cin, bias=y.view(-1)[: p.K], epilogue=ep, out=y)
     with pytest.raises(_Compiled):  # in place: Cin is y itself
-        prepare_fused(p, x, w, y, bias, ep, y=y)
+        prepare(V, p, x, w, cin=y, bias=bias, epilogue=ep, out=y)
     with pytest.raises(_Compiled):  # Cin may share memory with the inputs: all of them are only read
-        prepare_fused(p, x, w, x.clone().view(cin.shape), bias, ep, y=torch.zeros_like(cin))
+        prepare(V, p, x, w, cin=x.clone().view(cin.shape), bias=bias, epilogue=ep, out=torch.zeros_like(cin))
 
 
 @pytest.mark.parametrize(
@@ -727,12 +737,12 @@ def test_prepare_fused_refuses_aliasing(no_gpu_checks):
     [(Epilogue(alpha=1e39), "alpha = 1e+39 is inf in float32"), (Epilogue(alpha=float("nan")), "alpha = nan"),
      (Epilogue(beta=1e-50), "beta = 1e-50 is 0.0 in float32")],
 )  # fmt: skip
-def test_prepare_fused_refuses_scalars_float32_cannot_carry(no_gpu_checks, ep, msg):
+def test_fused_refuses_scalars_float32_cannot_carry(no_gpu_checks, ep, msg):
     p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     cin, bias = _epilogue_operands(p)
     with pytest.raises(ValueError, match=re.escape(msg)):
-        prepare_fused(p, x, w, cin, bias, ep)
+        prepare(V, p, x, w, cin=cin, bias=bias, epilogue=ep)
 
 
 def test_kernel_32_bit_walk_limits():

@@ -126,7 +126,11 @@ def test_registry_names_and_days():
     assert {"naive", "z_out"} <= set(names)
     for v in VARIANTS:
         assert get(v.name) is v and get(v) is v
-        assert v.cu_file.endswith(".cu") and v.entry
+        assert v.cu_file.endswith(".cu")
+        for q in (v.adapt(p) for _, p in ALL_PROBLEMS[:12]):
+            if v.supports(q) is None:
+                ks = v.launches(q)
+                assert ks and ks[-1].config == v.launch(q) and all(k.entry for k in ks), v.name
     with pytest.raises(KeyError, match="known: "):
         get("no_such_variant")
 
@@ -244,9 +248,9 @@ def test_bad_y_refused_before_gpu(v, no_gpu):
     for y in (torch.empty(1), torch.empty(p.y_shape, dtype=torch.float64), torch.empty(p.y_shape + (2,))[..., 0],
               np.zeros(p.y_shape, dtype=np.float32)):  # fmt: skip
         with pytest.raises(ValueError, match="y must be"):
-            prepare(v, p, x, w, y)
+            prepare(v, p, x, w, out=y)
         with pytest.raises(ValueError, match="y must be"):
-            run(v, p, x, w, y)
+            run(v, p, x, w, out=y)
 
 
 # (variant, problem, words of the reason): problems inside every int32 argument whose *products*

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from days import day10_igemm_wmma as hw
 from helpers import compile as hc
 from helpers import gpu
-from helpers import wmma as hw
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, resnet50
-from helpers.variants import MAX_GRID, get, prepare
+from helpers.variants import MAX_GRID, UnsupportedProblem, get, prepare
 
 V = get("igemm_wmma")
 
@@ -140,34 +141,29 @@ def test_pointer_check_names_the_misaligned_tensor():
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)  # 16-byte loads and stores
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape, dtype=torch.float16)
-    assert hw.wmma_tensor_check(p, x, w, y) is None and hw.wmma_tensor_check(p, x, w, None) is None
-    assert "x.data_ptr() is not 16-byte aligned" in hw.wmma_tensor_check(p, misaligned(x), w, y)
-    assert "w.data_ptr() is not 16-byte aligned" in hw.wmma_tensor_check(p, x, misaligned(w), y)
-    reason = hw.wmma_tensor_check(p, x, w, misaligned(y))
+    assert hw.wmma_tensor_check(p, {"x": x, "w": w, "y": y}) is None
+    assert hw.wmma_tensor_check(p, {"x": x, "w": w, "y": None}) is None
+    assert "x.data_ptr() is not 16-byte aligned" in hw.wmma_tensor_check(p, {"x": misaligned(x), "w": w, "y": y})
+    assert "w.data_ptr() is not 16-byte aligned" in hw.wmma_tensor_check(p, {"x": x, "w": misaligned(w), "y": y})
+    reason = hw.wmma_tensor_check(p, {"x": x, "w": w, "y": misaligned(y)})
     assert "y.data_ptr()" in reason and "16-byte stores (K % 8 == 0)" in reason and "y.clone()" in reason
     # C % 8 != 0 and K % 8 != 0: scalar loads and stores take any (2-byte aligned) pointer
     p3 = nhwc(N=1, C=12, H=4, W=4, K=6, R=1, S=1)
     x3, w3 = p3.make_inputs()
     y3 = torch.empty(p3.y_shape, dtype=torch.float16)
-    assert hw.wmma_tensor_check(p3, misaligned(x3), misaligned(w3), misaligned(y3)) is None
+    assert hw.wmma_tensor_check(p3, {"x": misaligned(x3), "w": misaligned(w3), "y": misaligned(y3)}) is None
 
 
 @pytest.mark.parametrize(
     "cc, refused", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False), ((12, 0), False)]
 )
-def test_old_gpus_are_refused_with_a_reason(monkeypatch, cc, refused):
-    p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
-    x, w = p.make_inputs()
-    monkeypatch.setattr(hw, "_capability", lambda device: cc)
-    reason = hw.wmma_tensor_check(p, x, w, None)
+def test_old_gpus_are_refused_with_a_reason(cc, refused):
+    reason = V.build_reason(cc)
     if refused:
-        assert f"sm_{cc[0]}{cc[1]}" in reason and "8.0 or newer" in reason
+        assert f"{cc[0]}.{cc[1]}" in reason and "8.0 or newer" in reason and "bf16 WMMA" in reason
+        assert "igemm_wmma" in V.supports(nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1), cc=cc)
     else:
-        assert reason is None
-
-
-def test_capability_is_not_asked_for_cpu_tensors():
-    assert hw._capability(torch.device("cpu")) is None
+        assert reason is None and V.target(cc) == f"sm_{cc[0]}{cc[1]}"
 
 
 def test_misaligned_x_refused_before_the_gpu(monkeypatch):
@@ -182,8 +178,8 @@ def test_misaligned_x_refused_before_the_gpu(monkeypatch):
     monkeypatch.setattr(gpu, "device_info", touched)
     with pytest.raises(ValueError, match="igemm_wmma: x.data_ptr"):
         prepare(V, p, misaligned(x), w)
-    monkeypatch.setattr(hw, "_capability", lambda device: (7, 5))
-    with pytest.raises(ValueError, match="igemm_wmma: needs a GPU of compute capability 8.0"):
+    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=48 * 1024, cc=(7, 5)))
+    with pytest.raises(UnsupportedProblem, match="igemm_wmma needs a GPU of compute capability 8.0"):
         prepare(V, p, x, w)
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from days.day06_blocked import make_blocked, uses_gemm_tile
 from helpers import gpu
-from helpers.blocked import make_blocked, uses_gemm_tile
 from helpers.check import check
 from helpers.problem import Conv2dProblem
 

@@ -115,7 +115,7 @@ def test_poisoned_run_leaves_no_nan(v):
     skip_if_device_refuses(v, p)
     x, w = p.make_inputs(device="cuda")
     y = torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda")
-    out = run(v, p, x, w, y=y, poison=True)
+    out = run(v, p, x, w, out=y, poison=True)
     assert out.data_ptr() == y.data_ptr()  # written in place
     assert not bool(torch.isnan(out).any()), f"{v.name} on {p.name}: {int(torch.isnan(out).sum())} outputs unwritten"
 
@@ -131,13 +131,8 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
     if p is None:
         pytest.skip(f"{v.name} claims no suitable problem")
     skip_if_device_refuses(v, p)
-    launch = v.launch_fn
-
-    def capped_launch(q):
-        cfg = launch(q)
-        return dataclasses.replace(cfg, grid=(cfg.grid[0], 1, min(cfg.grid[2], 2)))
-
-    capped = dataclasses.replace(v, name=f"{v.name}_capped", launch_fn=capped_launch)
+    capped = v.with_output_launch(lambda cfg: dataclasses.replace(cfg, grid=(cfg.grid[0], 1, min(cfg.grid[2], 2))),
+                                  name=f"{v.name}_capped")  # fmt: skip
     predicted_unwritten = np.asarray(capped.covers(p)) == 0
     x, w = p.make_inputs(device="cuda", seed=3)
     y = run(capped, p, x, w, poison=True)
@@ -166,7 +161,7 @@ def test_unsupported_problem_raises_before_launch(v):
     x, w = p.make_inputs(device="cuda")
     y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(UnsupportedProblem):
-        run(v, p, x, w, y=y, poison=True)
+        run(v, p, x, w, out=y, poison=True)
     torch.cuda.synchronize()
     assert bool((y == 7.0).all()), "y was touched: the refusal came after the poison fill or a launch"
 
@@ -195,16 +190,16 @@ def test_bad_cuda_tensors_refused(v):
     x, w = p.make_inputs(device="cuda")
     y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(TypeError, match=f"must be {p.torch_dtype}"):
-        run(v, p, x.double(), w, y=y)
+        run(v, p, x.double(), w, out=y)
     xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap H and W (H == W)
     with pytest.raises(ValueError, match="not contiguous"):
-        run(v, p, xt, w, y=y)
+        run(v, p, xt, w, out=y)
     with pytest.raises(ValueError, match=r"w is on cpu.*w\.cuda\(\)"):
-        run(v, p, x, w.cpu(), y=y)
+        run(v, p, x, w.cpu(), out=y)
     with pytest.raises(ValueError, match="y must be"):
-        run(v, p, x, w, y=torch.empty(1, device="cuda"))
+        run(v, p, x, w, out=torch.empty(1, device="cuda"))
     with pytest.raises(ValueError, match="y must be"):
-        prepare(v, p, x, w, y=torch.empty(p.y_shape, dtype=torch.float64, device="cuda"))
+        prepare(v, p, x, w, out=torch.empty(p.y_shape, dtype=torch.float64, device="cuda"))
     torch.cuda.synchronize()
     assert bool((y == 7.0).all())
 

@@ -4,7 +4,7 @@ each kernel on its own, the steps mechanism (workspace, one closure per step) an
 tensors (the kernels' scalar fallbacks).
 
 Skipped (tests/conftest.py) without a CUDA device or without pycuda. tests/gpu/test_correctness.py
-also runs every variant on the NHWC edge suite (through `Variant.in_layout`); this file adds
+also runs every variant on the NHWC edge suite (through `Variant.adapt`); this file adds
 what is particular to a two-kernel variant.
 """
 
@@ -16,17 +16,17 @@ import math
 import pytest
 import torch
 
+from days import day08_im2col as hi
 from helpers import gpu
-from helpers import im2col as hi
 from helpers.check import bitwise_equal, check, compare
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big
-from helpers.variants import get, prepare, prepare_steps, run
+from helpers.variants import get, prepare, run
 
 pytestmark = pytest.mark.gpu
 
 V = get("im2col")
-EDGE = [p for p in map(V.in_layout, edge()) if V.supports(p, smem_limit=2**31) is None and not is_big(p)]
+EDGE = [p for p in map(V.adapt, edge()) if V.supports(p, smem_limit=2**31) is None and not is_big(p)]
 EXTRA = [
     Conv2dProblem(N=2, C=8, H=13, W=11, K=130, R=3, S=3, padding=1, layout="NHWC"),  # K > 128, K % 4 != 0
     Conv2dProblem(N=3, C=16, H=12, W=12, K=200, R=1, S=1, layout="NHWC"),  # 1x1, float4 everywhere
@@ -87,10 +87,10 @@ def test_gemm_matches_torch_matmul_without_tf32():
     """Our SGEMM and torch.matmul (TF32 off) on the same lowered matrix agree within the fp32 bound."""
     p = EXTRA[3]
     x, w = p.make_inputs(device="cuda", seed=2)
-    launches, y, ws = prepare_steps(V, p, x, w)
-    launches["im2col"]()
-    launches["gemm"]()
-    col, wm = hi.col_view(p, ws), w.view(p.K, -1)
+    plan, y = prepare(V, p, x, w)
+    plan.kernels["im2col"]()
+    plan.kernels["gemm"]()
+    col, wm = hi.col_view(p, plan.workspace), w.view(p.K, -1)
     m = torch.backends.cuda.matmul
     new_api = hasattr(m, "fp32_precision")  # torch >= 2.9; the legacy allow_tf32 before
     old = m.fp32_precision if new_api else m.allow_tf32
@@ -114,11 +114,12 @@ def test_steps_apart_equal_the_whole_run_and_workspace_size():
     p = EXTRA[0]
     x, w = p.make_inputs(device="cuda", seed=7)
     y_all = run(V, p, x, w)
-    launches, y, ws = prepare_steps(V, p, x, w)
-    assert list(launches) == ["im2col", "gemm"]
+    plan, y = prepare(V, p, x, w)
+    ws = plan.workspace
+    assert list(plan.kernels) == ["im2col", "gemm"]
     assert ws is not None and ws.dtype == torch.uint8 and ws.numel() == hi.lowered_bytes(p) and ws.device == x.device
     y.fill_(float("nan"))
-    for f in launches.values():
+    for f in plan.kernels.values():
         f()
     torch.cuda.synchronize()
     assert bitwise_equal(y, y_all)
@@ -142,15 +143,14 @@ def test_capped_grids_still_cover_everything():
     """The im2col grid capped at 1 block and the SGEMM's at 1 pixel tile: the grid-stride loops cover all."""
     p = EXTRA[3]
 
-    def capped(q):
-        s1, s2 = hi.im2col_steps(q)
-        g = hi.gemm_launch(q)
+    def capped(q, ep):
+        k1, k2 = hi.im2col_launches(q)
         return [
-            dataclasses.replace(s1, launch=dataclasses.replace(s1.launch, grid=(1, 1, 1))),
-            dataclasses.replace(s2, launch=dataclasses.replace(g, grid=(g.grid[0], 1, 1))),
+            dataclasses.replace(k1, config=dataclasses.replace(k1.config, grid=(1, 1, 1))),
+            dataclasses.replace(k2, config=dataclasses.replace(k2.config, grid=(k2.config.grid[0], 1, 1))),
         ]
 
-    v1 = dataclasses.replace(V, name="im2col_capped", steps_fn=capped)
+    v1 = dataclasses.replace(V, name="im2col_capped", launches_fn=capped)
     x, w = p.make_inputs(device="cuda", seed=9)
     assert bitwise_equal(run(v1, p, x, w), run(V, p, x, w))
 
@@ -169,7 +169,7 @@ def test_misaligned_tensors_take_the_scalar_paths(p: Conv2dProblem):
     ref = run(V, p, x, w)
     xs, wsh = _shifted(x), _shifted(w)
     ys = _shifted(torch.full(p.y_shape, float("nan"), device="cuda"))
-    out = run(V, p, xs, wsh, y=ys)
+    out = run(V, p, xs, wsh, out=ys)
     assert out.data_ptr() % 16 == 4
     assert bitwise_equal(out, ref)
     assert compare(p, x, w, out, exact=True)["exact_equal"]
@@ -180,8 +180,8 @@ def test_time_split_closures_are_timeable():
 
     p = EXTRA[3]
     x, w = p.make_inputs(device="cuda")
-    launches, _, _ = prepare_steps(V, p, x, w)
-    launches["im2col"]()  # the GEMM reads the lowered matrix: fill it once before timing the GEMM alone
-    for name, f in launches.items():
+    plan, _ = prepare(V, p, x, w)
+    plan.kernels["im2col"]()  # the GEMM reads the lowered matrix: fill it once before timing the GEMM alone
+    for name, f in plan.kernels.items():
         t = time_gpu(f, warmup=1, reps=5)
         assert 0 < t.ms_p20 <= t.ms_p50 <= t.ms_p80 and math.isfinite(t.ms_p50), name

@@ -5,7 +5,7 @@
 * the automatic ``igemm_pipelined`` on the NHWC edge suite (normal, int, cancel);
 * every swizzle 0..3 on K = 300 with a 64-wide tile (some blocks have no filter tile): correct,
   and bitwise the same output whatever the swizzle;
-* the fused epilogue through `prepare_fused` and `helpers.check.check_epilogue`;
+* the fused epilogue through `helpers.variants.prepare` and `helpers.epilogue.check_epilogue`;
 * refusals before any launch, and bit-for-bit agreement with torch on integer inputs.
 
 Every `check` poisons the output with NaN, compares with the float64 reference within the
@@ -21,10 +21,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from days.day12_igemm_pipelined import INSTANTIATED, choose, make_pipelined
+from days.kit import TENSOR_CORE_CC as MIN_CC
 from helpers import gpu
-from helpers.check import Epilogue, bitwise_equal, check, check_epilogue, compare
-from helpers.mma import MIN_CC
-from helpers.pipelined import INSTANTIATED, choose, make_pipelined, prepare_fused
+from helpers.check import bitwise_equal, check, compare
+from helpers.epilogue import Epilogue, check_epilogue
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
 from helpers.variants import UnsupportedProblem, get, prepare, run
@@ -160,11 +161,6 @@ def test_swizzle_changes_only_the_block_order(p):
 # ---- fused epilogue -------------------------------------------------------------------------
 
 
-def fused(p, x, w, cin, bias, ep, y):
-    """`prepare_fused` with the automatic choice (the name `check_epilogue` reports)."""
-    return prepare_fused(p, x, w, cin, bias, ep, y)
-
-
 P_OPT = nhwc(N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)  # optimized, K % 8 == 0: 16-byte stores
 P_ODD = nhwc(N=2, C=32, H=9, W=11, K=33, R=3, S=3, padding=1)  # K odd: element stores, partial pairs
 P_ANA = nhwc(N=1, C=45, H=11, W=13, K=40, R=3, S=3, padding=1)  # analytic
@@ -191,8 +187,8 @@ EPILOGUE_CASES = [
 
 @pytest.mark.parametrize("p, ep, kw", [pytest.param(p, ep, kw, id=n) for n, p, ep, kw in EPILOGUE_CASES])
 def test_epilogue(p, ep, kw):
-    r = check_epilogue(fused, p, ep, **kw)
-    assert r.variant == "fused"
+    r = check_epilogue(V, p, ep, **kw)
+    assert r.variant == V.name
     _assert_ok(r, p, kw.get("kind", "normal"))
 
 
@@ -205,19 +201,16 @@ def test_epilogue_every_tile(tile, iterator):
     if reason:
         pytest.skip(reason)
 
-    def fused_forced(p, x, w, cin, bias, ep, y):
-        return prepare_fused(p, x, w, cin, bias, ep, y, variant=v)
-
-    r = check_epilogue(fused_forced, p, Epilogue(alpha=2.0, beta=-1.0, relu=True), kind="int")
+    r = check_epilogue(v, p, Epilogue(alpha=2.0, beta=-1.0, relu=True), kind="int")
     _assert_ok(r, p, "int")
 
 
 @pytest.mark.parametrize("p", [P_OPT, P_ODD, P_ANA, P_FEW], ids=lambda p: p.name)
 def test_default_epilogue_is_the_plain_convolution(p):
-    """prepare_fused with Epilogue() and no operands writes the same bits as `run`."""
+    """prepare with an explicit Epilogue() and None operands writes the same bits as `run`."""
     x, w = p.make_inputs(device="cuda", seed=6)
     y_plain = run(V, p, x, w).clone()
-    launch, y = prepare_fused(p, x, w)
+    launch, y = prepare(V, p, x, w, cin=None, bias=None, epilogue=Epilogue())
     y.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()
@@ -240,9 +233,9 @@ def test_misaligned_x_refused_for_the_optimized_iterator():
     x, w = p.make_inputs(device="cuda")
     y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(ValueError, match=r"x\.data_ptr"):
-        run(V, p, misaligned(x), w, y)
+        run(V, p, misaligned(x), w, out=y)
     with pytest.raises(ValueError, match=r"x\.data_ptr"):
-        prepare_fused(p, misaligned(x), w, y=y)
+        prepare(V, p, misaligned(x), w, out=y, epilogue=Epilogue(relu=True))
     torch.cuda.synchronize()
     assert bool((y == 7.0).all()), "y was touched before the refusal"
 
@@ -252,7 +245,7 @@ def test_element_iterators_take_misaligned_tensors():
     p = nhwc(N=2, C=12, H=9, W=8, K=20, R=3, S=3, padding=1)
     x, w = p.make_inputs(device="cuda", kind="int", seed=5)
     y = misaligned(torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda"))
-    out = run(V, p, misaligned(x), misaligned(w), y)
+    out = run(V, p, misaligned(x), misaligned(w), out=y)
     r = compare(p, x, w, out, exact=True)
     assert r["exact_equal"] and r["nonfinite"] == 0
 
@@ -265,15 +258,15 @@ def test_bad_epilogue_operands_refused():
     bias = torch.zeros(p.K, dtype=p.torch_dtype, device="cuda")
     wrong_shape = torch.zeros(p.N, p.K, p.P, p.Q, dtype=p.torch_dtype, device="cuda")  # NCHW
     with pytest.raises(ValueError, match="cin must be a contiguous"):
-        prepare_fused(p, x, w, wrong_shape, bias, Epilogue(beta=1.0), y)
+        prepare(V, p, x, w, cin=wrong_shape, bias=bias, epilogue=Epilogue(beta=1.0), out=y)
     with pytest.raises(ValueError, match="cin must be a contiguous"):
-        prepare_fused(p, x, w, cin.cpu(), bias, Epilogue(beta=1.0), y)
+        prepare(V, p, x, w, cin=cin.cpu(), bias=bias, epilogue=Epilogue(beta=1.0), out=y)
     with pytest.raises(ValueError, match="bias must be a contiguous"):
-        prepare_fused(p, x, w, cin, bias[:-1], Epilogue(beta=1.0), y)
+        prepare(V, p, x, w, cin=cin, bias=bias[:-1], epilogue=Epilogue(beta=1.0), out=y)
     with pytest.raises(ValueError, match="needs cin"):
-        prepare_fused(p, x, w, None, bias, Epilogue(beta=1.0), y)
+        prepare(V, p, x, w, cin=None, bias=bias, epilogue=Epilogue(beta=1.0), out=y)
     with pytest.raises(ValueError, match=r"cin\.data_ptr"):  # K % 8 == 0: Cin is read 16 bytes at a time
-        prepare_fused(p, x, w, misaligned(cin), bias, Epilogue(beta=1.0), y)
+        prepare(V, p, x, w, cin=misaligned(cin), bias=bias, epilogue=Epilogue(beta=1.0), out=y)
     torch.cuda.synchronize()
     assert bool((y == 7.0).all()), "y was touched before the refusal"
 
@@ -340,7 +333,7 @@ def test_beta_zero_never_reads_cin():
     p = nhwc(N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
     x, w = p.make_inputs(device="cuda", kind="int")
     cin = torch.full(p.y_shape, float("nan"), dtype=p.torch_dtype, device="cuda")
-    launch, y = prepare_fused(p, x, w, cin, None, Epilogue(alpha=1.0, beta=0.0))
+    launch, y = prepare(V, p, x, w, cin=cin, bias=None, epilogue=Epilogue(alpha=1.0, beta=0.0))
     y.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()

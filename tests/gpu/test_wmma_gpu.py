@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from helpers import gpu
-from helpers import wmma as hw
 from helpers.check import bitwise_equal, check, compare
 from helpers.problem import Conv2dProblem
 from helpers.suites import RESNET50_LAYERS, edge, is_big
@@ -73,7 +72,7 @@ def _cases(problems, suite_name):
 def context():
     ctx = gpu.init()
     cc = gpu.device_info().cc
-    if cc < hw.MIN_CC:
+    if V.build_reason(cc):
         pytest.skip(f"igemm_wmma needs sm_80+; this GPU is sm_{cc[0]}{cc[1]}")
     return ctx
 
@@ -123,7 +122,7 @@ def test_misaligned_vec_tensors_refused_before_launch(which):
     args = {"x": x, "w": w, "y": y}
     args[which] = misaligned(args[which])
     with pytest.raises(ValueError, match=rf"igemm_wmma: {which}\.data_ptr\(\) is not 16-byte aligned"):
-        run(V, p, args["x"], args["w"], args["y"], poison=True)
+        run(V, p, args["x"], args["w"], out=args["y"], poison=True)
     torch.cuda.synchronize()
     assert bool((args["y"] == 7.0).all()), "y was touched before the refusal"
 
@@ -133,7 +132,7 @@ def test_scalar_path_takes_misaligned_tensors():
     p = nhwc(N=2, C=12, H=9, W=8, K=20, R=3, S=3, padding=1)
     x, w = p.make_inputs(device="cuda", kind="int", seed=5)
     y = misaligned(torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda"))
-    out = run(V, p, misaligned(x), misaligned(w), y)
+    out = run(V, p, misaligned(x), misaligned(w), out=y)
     r = compare(p, x, w, out, exact=True)
     assert r["exact_equal"] and r["nonfinite"] == 0
 
@@ -145,8 +144,9 @@ def test_wrong_dtype_and_old_gpu_refused(monkeypatch):
         run(V, p, x.float(), w)
     with pytest.raises(UnsupportedProblem, match="dtype fp16/bf16; got fp32"):
         run(V, dataclasses.replace(p, dtype="fp32", name=""), x.float(), w.float())
-    monkeypatch.setattr(hw, "_capability", lambda device: (7, 5))
+    real = gpu.device_info()
+    monkeypatch.setattr(gpu, "device_info", lambda: dataclasses.replace(real, cc=(7, 5)))
     y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
-    with pytest.raises(ValueError, match="compute capability 8.0 or newer"):
-        prepare(V, p, x, w, y)
+    with pytest.raises(UnsupportedProblem, match="compute capability 8.0 or newer"):
+        prepare(V, p, x, w, out=y)
     assert bool((y == 7.0).all())

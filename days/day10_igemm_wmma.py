@@ -1,4 +1,4 @@
-"""Registry entry for day 10: implicit GEMM on tensor cores through the WMMA API.
+"""Day 10: implicit GEMM on tensor cores through the WMMA API.
 
 ``igemm_wmma`` (``kernels/conv2d/10_igemm_wmma.cu``) takes fp16 or bf16 NHWC tensors (x, w and y
 all of one dtype), accumulates in fp32 and rounds once when it writes y. It keeps day 09's GEMM
@@ -20,12 +20,23 @@ CUTLASS, ``docs/implicit_gemm_convolution.md`` (the implicit-GEMM mapping of fpr
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from .general import full_args
-from .igemm import int32_reason
-from .problem import Conv2dProblem
-from .variants import LaunchConfig, Variant, register
+from helpers.problem import Conv2dProblem
+from helpers.variants import LaunchConfig, Variant, register
+
+from .kit import (
+    FULL_SIZES,
+    TENSOR_CORE_CC,
+    VEC_BYTES,
+    alignment_reason,
+    cdiv,
+    chunks16,
+    gemm_writes,
+    groups_one_reason,
+    implicit_gemm_int32_reason,
+    single_kernel,
+    tile_visits,
+)
 
 THREADS = 256  # 8 warps, 2 (M) x 4 (N)
 BM, BN, BK = 128, 128, 32  # block tile (pixels x channels) and GEMM-K per step
@@ -33,34 +44,24 @@ WM, WN = 64, 32  # warp tile: 4 x 2 fragments of 16 x 16
 FRAG = 16  # wmma m16n16k16
 PAD = 8  # elements of padding per shared row
 SHARED_BYTES = 2 * (BM + BN) * (BK + PAD) * 2  # two stages of 16-bit values, static (40,960 B)
-VEC_ALIGN = 16  # bytes: the 16-byte (8-channel) loads and stores
-VEC_CHANNELS = 8  # 16-bit elements per 16-byte access
-MIN_CC = (8, 0)  # bf16 WMMA (and this series' tensor-core days) need sm_80+
-DTYPE_NAMES = {"fp16": "fp16", "bf16": "bf16"}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def wmma_supports(p: Conv2dProblem) -> str | None:
     """What ``igemm_wmma`` takes beyond dtype and layout: groups = 1, and R·S·C and P·Q within the
-    kernel's 32-bit arithmetic (`helpers.igemm.int32_reason`). Any stride, padding, dilation,
-    filter size, C and K."""
-    if p.groups != 1:
-        return f"needs groups=1; got {p.groups} (use `general` or `depthwise`, fp32 NCHW)"
-    return int32_reason(p)
+    kernel's 32-bit arithmetic (`days.kit.implicit_gemm_int32_reason`). Any stride, padding,
+    dilation, filter size, C and K."""
+    return groups_one_reason(p) or implicit_gemm_int32_reason(p)
 
 
 def vec_path(p: Conv2dProblem) -> bool:
     """16-byte loads when C % 8 == 0: 8 consecutive channels of a pixel (or filter) are one
     aligned 16-byte chunk. Otherwise a chunk could straddle two pixels: scalar loads."""
-    return p.C % VEC_CHANNELS == 0
+    return chunks16(p.C, p)
 
 
 def vec_store(p: Conv2dProblem) -> bool:
     """16-byte stores of y when K % 8 == 0 (8 consecutive output channels of a pixel)."""
-    return p.K % VEC_CHANNELS == 0
+    return chunks16(p.K, p)
 
 
 def wmma_entry(p: Conv2dProblem) -> str:
@@ -69,15 +70,15 @@ def wmma_entry(p: Conv2dProblem) -> str:
     Raises:
         ValueError: a dtype without an entry point (fp32, fp64).
     """
-    if p.dtype not in DTYPE_NAMES:
-        raise ValueError(f"igemm_wmma has entries for {'/'.join(DTYPE_NAMES)} only; got {p.dtype}")
-    return f"conv2d_igemm_wmma_{DTYPE_NAMES[p.dtype]}_{'vec' if vec_path(p) else 'scalar'}"
+    if p.dtype not in ("fp16", "bf16"):
+        raise ValueError(f"igemm_wmma has entries for fp16/bf16 only; got {p.dtype}")
+    return f"conv2d_igemm_wmma_{p.dtype}_{'vec' if vec_path(p) else 'scalar'}"
 
 
 def wmma_launch(p: Conv2dProblem) -> LaunchConfig:
     """Grid (ceil(N·P·Q / 128), ceil(K / 128), 1) of 256-thread blocks; the 40 KB of shared
     memory are static (no dynamic shared memory)."""
-    return LaunchConfig(grid=(_cdiv(p.gemm.m, BM), _cdiv(p.K, BN), 1), block=(THREADS, 1, 1))
+    return LaunchConfig(grid=(cdiv(p.gemm.m, BM), cdiv(p.K, BN), 1), block=(THREADS, 1, 1))
 
 
 def wmma_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
@@ -88,68 +89,44 @@ def wmma_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
     8·(lane % 4) + (0..7); stored where m < M and k < K. Rows and columns are independent, so
     the count is (writes per row) x (writes per column).
     """
-    M, K = p.gemm.m, p.K
     wm, i, part, lr = np.ogrid[: BM // WM, : WM // FRAG, :2, :8]
     row_offs = (WM * wm + FRAG * i + lr + 8 * part).ravel()  # the 128 rows of a block, as stored
-    m = (np.arange(cfg.grid[0])[:, None] * BM + row_offs[None, :]).ravel()
-    rows = np.bincount(m[m < M], minlength=M)
     wn, lc, e = np.ogrid[: BN // WN, :4, :8]
     col_offs = (WN * wn + 8 * lc + e).ravel()  # the 128 channels of a block, as stored
-    k = (np.arange(cfg.grid[1])[:, None] * BN + col_offs[None, :]).ravel()
-    cols = np.bincount(k[k < K], minlength=K)
-    return (rows[:, None] * cols[None, :]).ravel()
+    visits = tile_visits(cfg.grid, cdiv(p.gemm.m, BM), cdiv(p.K, BN))
+    return gemm_writes(p.gemm.m, p.K, BM, BN, visits, np.bincount(row_offs, minlength=BM),
+                       np.bincount(col_offs, minlength=BN))  # fmt: skip
 
 
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    """Compute capability of a CUDA tensor's device; None for other devices."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_capability(device)
-
-
-def wmma_tensor_check(p: Conv2dProblem, x, w, y) -> str | None:
+def wmma_tensor_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
     """What the tensors themselves must satisfy; None, or the reason (`helpers.variants.prepare`
     raises it as ValueError before any launch).
 
-    * the GPU must be sm_80 or newer (bf16 fragments, and the series' tensor-core baseline);
     * the ``vec`` entries (C % 8 == 0) read x and w in 16-byte chunks: both 16-byte aligned;
     * the 16-byte stores (K % 8 == 0) need y 16-byte aligned (y is None when `prepare`
       allocates it, and torch's allocations are aligned).
     """
-    cc = _capability(x.device)
-    if cc is not None and tuple(cc) < MIN_CC:
-        return (
-            f"needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]} or newer (sm_80+: bf16 WMMA, fp32 "
-            f"accumulation on tensor cores); {x.device} is sm_{cc[0]}{cc[1]}"
-        )
-    need = [("x", x), ("w", w)] if vec_path(p) else []
-    if vec_store(p) and y is not None:
-        need.append(("y", y))
-    for nm, t in need:
-        if t.data_ptr() % VEC_ALIGN:
-            why = "16-byte loads (C % 8 == 0)" if nm != "y" else "16-byte stores (K % 8 == 0)"
-            return (
-                f"{nm}.data_ptr() is not {VEC_ALIGN}-byte aligned (a view with a storage offset?); the {why} "
-                f"need it: pass {nm}.clone()"
-            )
-    return None
+    need = {"x": VEC_BYTES, "w": VEC_BYTES} if vec_path(p) else {}
+    reason = alignment_reason(tensors, need, "the 16-byte loads (C % 8 == 0)")
+    if reason is None and vec_store(p):
+        reason = alignment_reason(tensors, {"y": VEC_BYTES}, "the 16-byte stores (K % 8 == 0)")
+    return reason
 
 
-IGEMM_WMMA = register(
+register(
     Variant(
         name="igemm_wmma",
         day=10,
         cu_file="10_igemm_wmma.cu",
-        entry="conv2d_igemm_wmma_fp16_vec",
-        entry_fn=wmma_entry,
         summary="implicit GEMM on tensor cores (WMMA 16x16x16): fp16/bf16 in, fp32 accumulate, 128x128 tile",
         supports_fn=wmma_supports,
-        launch_fn=wmma_launch,
-        args_fn=full_args,
+        launches_fn=single_kernel(wmma_entry, wmma_launch, f"x w y {FULL_SIZES} groups"),
         covers_fn=wmma_covers,
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
         accum="fp32",
         tensor_check_fn=wmma_tensor_check,
+        min_cc=TENSOR_CORE_CC,
+        min_cc_why="bf16 WMMA fragments, fp32 accumulation on tensor cores",
     )
 )

@@ -1,6 +1,7 @@
-"""Registry entry for day 08: ``im2col`` — lower the convolution to a matrix, then one SGEMM.
+"""Day 08: ``im2col`` — lower the convolution to a matrix, then one SGEMM.
 
-``kernels/conv2d/08_im2col.cu`` holds two kernels, launched one after the other (a `Step` each):
+``kernels/conv2d/08_im2col.cu`` holds two kernels, launched one after the other (two
+`helpers.variants.KernelLaunch` es, ``"im2col"`` then ``"gemm"``):
 
 1. ``im2col_nhwc`` copies the receptive field of every output pixel into one row of the lowered
    matrix ``col`` (the variant's workspace): M = N·P·Q rows, GEMM-K = R·S·C columns in (r, s, c)
@@ -27,19 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .general import _grid_stride_items
-from .problem import Conv2dProblem
-from .variants import INT32_MAX, MAX_GRID, LaunchConfig, Step, Variant, register
+from helpers.problem import Conv2dProblem
+from helpers.variants import INT32_MAX, MAX_GRID, Buffer, KernelLaunch, LaunchConfig, Variant, register
+
+from .kit import cdiv, chunks16, gemm_writes, grid_stride_counts, grid_stride_items, pack
 
 IM2COL_DEFINES = {"IM2COL_BLOCK": 256}
 GEMM_BM, GEMM_BK, GEMM_THREADS = 128, 8, 256  # the .cu's fixed tile; BN is 128 or 64 (two entries)
 WORKSPACE_CAP = 8 * 2**30  # bytes: the largest lowered matrix `im2col` allocates (8 GiB)
 MAX_COL_ELEMENTS = 2**32 - 1  # im2col_nhwc's flat index is a 32-bit unsigned integer
 MAX_GEMM_DIM = INT32_MAX - GEMM_BM  # tile starts + 127 must stay in int32 inside the SGEMM
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---- sizes -----------------------------------------------------------------------------------
@@ -68,7 +66,7 @@ def blowup(p: Conv2dProblem) -> float:
 
 
 def col_view(p: Conv2dProblem, workspace: torch.Tensor) -> torch.Tensor:
-    """The workspace bytes (from `helpers.variants.prepare_steps`) as the (M, R·S·C) fp32 matrix."""
+    """The workspace bytes (`helpers.variants.Plan.workspace`) as the (M, R·S·C) fp32 matrix."""
     return workspace.view(torch.float32).view(*lowered_shape(p))
 
 
@@ -78,20 +76,14 @@ def col_view(p: Conv2dProblem, workspace: torch.Tensor) -> torch.Tensor:
 def im2col_vec(p: Conv2dProblem) -> int:
     """Columns per im2col thread: 4 (one float4) when C % 4 == 0, else 1. The kernel falls back to
     1 by itself if a pointer is not 16-byte aligned; the grid-stride loop covers either way."""
-    return 4 if p.C % 4 == 0 else 1
+    return 4 if chunks16(p.C, p) else 1
 
 
 def im2col_launch(p: Conv2dProblem) -> LaunchConfig:
     """One thread per `im2col_vec` columns of col: grid x = ceil(M·GK/V / IM2COL_BLOCK), capped."""
     m, gk = lowered_shape(p)
     block = IM2COL_DEFINES["IM2COL_BLOCK"]
-    return LaunchConfig(grid=(min(_cdiv(m * gk // im2col_vec(p), block), MAX_GRID[0]), 1, 1), block=(block, 1, 1))
-
-
-def im2col_args(p: Conv2dProblem) -> tuple:
-    """``N, C, H, W, R, S, P, Q, sh, sw, ph, pw, dh, dw`` as ``np.int32`` (after x and col)."""
-    vals = (p.N, p.C, p.H, p.W, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation)
-    return tuple(np.int32(v) for v in vals)
+    return LaunchConfig(grid=(min(cdiv(m * gk // im2col_vec(p), block), MAX_GRID[0]), 1, 1), block=(block, 1, 1))
 
 
 def gemm_bn(p: Conv2dProblem) -> int:
@@ -108,23 +100,20 @@ def gemm_launch(p: Conv2dProblem) -> LaunchConfig:
     (grid-strided past 65,535); 256 threads; static shared memory only."""
     m, _ = lowered_shape(p)
     return LaunchConfig(
-        grid=(_cdiv(p.K, gemm_bn(p)), min(_cdiv(m, GEMM_BM), MAX_GRID[1]), 1), block=(GEMM_THREADS, 1, 1)
+        grid=(cdiv(p.K, gemm_bn(p)), min(cdiv(m, GEMM_BM), MAX_GRID[1]), 1), block=(GEMM_THREADS, 1, 1)
     )
 
 
-def gemm_args(p: Conv2dProblem) -> tuple:
-    """``GM, GN, GK`` = ``M, K, R·S·C`` as ``np.int32`` (after the pointers col, w, y)."""
+def im2col_launches(p: Conv2dProblem, epilogue=None) -> list[KernelLaunch]:
+    """im2col (x -> workspace: N, C, H, W, R, S, P, Q, strides, paddings, dilations), then the SGEMM
+    (workspace, w -> y: GEMM-M, GEMM-N, GEMM-K = M, K, R·S·C)."""
     m, gk = lowered_shape(p)
-    return (np.int32(m), np.int32(p.K), np.int32(gk))
-
-
-def im2col_steps(p: Conv2dProblem) -> list[Step]:
-    """im2col (x -> workspace), then the SGEMM (workspace, w -> y) with the variant's own entry,
-    launch and scalars (`gemm_entry`, `gemm_launch`, `gemm_args`)."""
     return [
-        Step("im2col", ("x", "workspace"), "im2col_nhwc", im2col_launch(p), im2col_args(p)),
-        Step("gemm", ("workspace", "w", "y")),
-    ]
+        KernelLaunch("im2col", "im2col_nhwc", im2col_launch(p),
+                     pack(p, "x workspace N C H W R S P Q stride_h stride_w pad_h pad_w dil_h dil_w")),
+        KernelLaunch("gemm", gemm_entry(p), gemm_launch(p),
+                     pack(p, "workspace w y GM GN GK", GM=np.int32(m), GN=np.int32(p.K), GK=np.int32(gk))),
+    ]  # fmt: skip
 
 
 def im2col_supports(p: Conv2dProblem) -> str | None:
@@ -175,20 +164,14 @@ def gemm_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
 
     Block (bx, by) takes filter tile bx and pixel tiles by, by + gridDim.y, ... (grid-stride);
     inside a tile the threads store `_tile_hits` (rows x columns), guarded by m < M, k < K.
-    The count is rows(m) · cols(k), computed per dimension and combined as an outer product.
     """
     m, _ = lowered_shape(p)
     bn = gemm_bn(p)
     row_hits, col_hits = _tile_hits(bn)
-    rows = np.zeros(m, dtype=np.int64)
-    for mt in _grid_stride_items(_cdiv(m, GEMM_BM), cfg.grid[1]):
-        n = min(GEMM_BM, m - mt * GEMM_BM)
-        rows[mt * GEMM_BM : mt * GEMM_BM + n] += row_hits[:n]
-    cols = np.zeros(p.K, dtype=np.int64)
-    for bx in range(cfg.grid[0]):
-        n = max(0, min(bn, p.K - bx * bn))
-        cols[bx * bn : bx * bn + n] += col_hits[:n]
-    return (rows[:, None] * cols[None, :]).ravel()
+    m_tiles, n_tiles = cdiv(m, GEMM_BM), cdiv(p.K, bn)
+    visits = np.outer(grid_stride_counts(m_tiles, 1, cfg.grid[1]),
+                      np.bincount(np.arange(cfg.grid[0]), minlength=n_tiles)[:n_tiles])  # fmt: skip
+    return gemm_writes(m, p.K, GEMM_BM, bn, visits, row_hits, col_hits)
 
 
 def im2col_writes(p: Conv2dProblem, cfg: LaunchConfig | None = None, vec: int | None = None) -> np.ndarray:
@@ -198,7 +181,7 @@ def im2col_writes(p: Conv2dProblem, cfg: LaunchConfig | None = None, vec: int | 
     v = vec or im2col_vec(p)
     m, gk = lowered_shape(p)
     groups = m * gk // v
-    e = _grid_stride_items(groups, cfg.grid[0] * cfg.block[0])
+    e = grid_stride_items(groups, cfg.grid[0] * cfg.block[0])
     counts = np.bincount(e, minlength=groups)
     return np.repeat(counts, v)
 
@@ -253,15 +236,15 @@ def lower(p: Conv2dProblem, x: torch.Tensor) -> torch.Tensor:
     """Run only ``im2col_nhwc`` on x (N, H, W, C; CUDA) and return the (M, R·S·C) lowered matrix.
 
     Raises:
-        see `helpers.variants.prepare_steps` (an unsupported problem, bad tensors, no GPU).
+        see `helpers.variants.prepare` (an unsupported problem, bad tensors, no GPU).
     """
-    from .variants import prepare_steps
+    from helpers.variants import prepare
 
     w = torch.zeros(p.w_shape, dtype=p.torch_dtype, device=x.device)  # unused by the im2col step
-    launches, _, ws = prepare_steps("im2col", p, x, w)
-    launches["im2col"]()
+    plan, _ = prepare("im2col", p, x, w)
+    plan.kernels["im2col"]()
     torch.cuda.synchronize()
-    return col_view(p, ws)
+    return col_view(p, plan.workspace)
 
 
 def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,8 +277,8 @@ def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
     for nm, t in named:
         if t.device.type != "cuda" or t.device != a.device:
             raise ValueError(f"{nm} is on {t.device}; a, b and out must be on one CUDA device")
-    from . import gpu
-    from .compile import load_kernel
+    from helpers import gpu
+    from helpers.variants import bind, compile_launches
 
     gpu.init()
     if torch.cuda.current_stream(a.device).cuda_stream != 0:
@@ -303,29 +286,26 @@ def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
     if out is None:
         out = torch.empty(m, gn, dtype=torch.float32, device=a.device)
     bn = 64 if gn <= 64 else 128
-    k = load_kernel("08_im2col.cu", f"sgemm_nt_128x{bn}", IM2COL_DEFINES)
-    grid = (_cdiv(gn, bn), min(_cdiv(m, GEMM_BM), MAX_GRID[1]), 1)
-    k.function(np.uintp(a.data_ptr()), np.uintp(b.data_ptr()), np.uintp(out.data_ptr()),
-               np.int32(m), np.int32(gn), np.int32(gk), grid=grid, block=(GEMM_THREADS, 1, 1))  # fmt: skip
+    cfg = LaunchConfig(grid=(cdiv(gn, bn), min(cdiv(m, GEMM_BM), MAX_GRID[1]), 1), block=(GEMM_THREADS, 1, 1))
+    args = (Buffer("a"), Buffer("b"), Buffer("out"), np.int32(m), np.int32(gn), np.int32(gk))
+    launch = KernelLaunch("gemm", f"sgemm_nt_128x{bn}", cfg, args)
+    compiled = compile_launches(IM2COL, [launch], gpu.device_info().arch)
+    bind(compiled, {"a": a, "b": b, "out": out})["gemm"]()
     return out
 
 
-register(
+IM2COL = register(
     Variant(
         name="im2col",
         day=8,
         cu_file="08_im2col.cu",
-        entry="sgemm_nt_128x128",
-        entry_fn=gemm_entry,
         summary="explicit lowering: im2col writes the M x R*S*C matrix to a workspace, then a tiled SGEMM "
         "(128 x 128/64 tiles, 8 x 8 per thread, double-buffered) multiplies it by the filters",
         supports_fn=im2col_supports,
-        launch_fn=gemm_launch,
-        args_fn=gemm_args,
+        launches_fn=im2col_launches,
         covers_fn=gemm_covers,
         defines=dict(IM2COL_DEFINES),
         layouts=("NHWC",),
-        steps_fn=im2col_steps,
         workspace_fn=workspace_bytes,
     )
 )

@@ -1,8 +1,8 @@
-"""Registry entry for day 06: the register-blocked direct kernel (``kernels/conv2d/06_blocked.cu``).
+"""Day 06: ``blocked``, the register-blocked direct kernel (``kernels/conv2d/06_blocked.cu``).
 
 One ``.cu`` file, twenty-one entry points: the filter size R = S, the output channels per thread
-KT and the thread groups along K (KG) are template parameters, so the variant's ``entry_fn`` picks
-the instantiation for each problem. 1x1 filters with K >= 32 go to a GEMM tile instead (BM output
+KT and the thread groups along K (KG) are template parameters, so the variant picks the
+instantiation for each problem. 1x1 filters with K >= 32 go to a GEMM tile instead (BM output
 channels x 128 pixels per block, BM in {64, 128}). `make_blocked` builds the variant for any
 compile-time configuration (the registered one uses the defaults), so a notebook can compare
 settings.
@@ -15,17 +15,14 @@ from functools import partial
 
 import numpy as np
 
-from .direct import _grid_stride, nchw_args, same_fp32_nchw
-from .problem import Conv2dProblem
-from .variants import INT32_MAX, MAX_GRID, LaunchConfig, Variant, register
+from helpers.problem import Conv2dProblem
+from helpers.variants import INT32_MAX, MAX_GRID, LaunchConfig, Variant, register
+
+from .kit import cdiv, gemm_writes, grid_stride_counts, same_conv_reason, single_kernel
 
 BLOCKED_DEFINES = {"BY": 8, "PT": 4}  # the defaults documented in the .cu
 BLOCKED_FILTERS = (1, 3, 5, 7, 9)
 TQ = 32  # output columns per block: one warp along q
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def default_kt(p: Conv2dProblem) -> tuple[int, int]:
@@ -72,7 +69,7 @@ def default_gemm_bm(p: Conv2dProblem) -> int:
 
 
 def blocked_supports(p: Conv2dProblem, defines: dict = BLOCKED_DEFINES, kt_rule=default_kt) -> str | None:
-    reason = same_fp32_nchw(p)
+    reason = same_conv_reason(p)
     if reason:
         return reason
     if p.R != p.S or p.R not in BLOCKED_FILTERS:
@@ -103,38 +100,35 @@ def _entry(p: Conv2dProblem, kt_rule, bm_rule) -> str:
 def _launch(p: Conv2dProblem, defines: dict, kt_rule, bm_rule) -> LaunchConfig:
     if uses_gemm_tile(p):  # static shared memory only
         return LaunchConfig(
-            grid=(_cdiv(p.H * p.W, GEMM_BN), _cdiv(p.K, bm_rule(p)), min(p.N, MAX_GRID[2])), block=(GEMM_THREADS, 1, 1)
+            grid=(cdiv(p.H * p.W, GEMM_BN), cdiv(p.K, bm_rule(p)), min(p.N, MAX_GRID[2])), block=(GEMM_THREADS, 1, 1)
         )
     tp, tk = _tile(p, defines, kt_rule)
     pf = prefetches(p, defines, kt_rule)
     cc = stage_channels(p, defines, pf)
-    grid = (_cdiv(p.Q, TQ), min(_cdiv(p.P, tp), MAX_GRID[1]), min(p.N * _cdiv(p.K, tk), MAX_GRID[2]))
+    grid = (cdiv(p.Q, TQ), min(cdiv(p.P, tp), MAX_GRID[1]), min(p.N * cdiv(p.K, tk), MAX_GRID[2]))
     smem = (2 if pf else 1) * 4 * cc * ((tp + p.R - 1) * (TQ + p.S - 1) + p.R * p.S * tk)
     return LaunchConfig(grid=grid, block=(TQ, defines["BY"], 1), shared_bytes=smem)
 
 
 def _covers(p: Conv2dProblem, cfg: LaunchConfig, defines: dict, kt_rule, bm_rule) -> np.ndarray:
     if uses_gemm_tile(p):
-        # blockIdx.x covers pixels x*128 .. +127, blockIdx.y channels y*BM .. +BM-1 (stores
-        # guarded by < HW and < K), blockIdx.z the images n = z, z + gridDim.z, ...
+        # Per image a K x H*W GEMM: blockIdx.y covers channels y*BM .. +BM-1, blockIdx.x pixels
+        # x*128 .. +127 (stores guarded by < K and < HW); blockIdx.z the images n = z, z + gridDim.z, ...
         bm = bm_rule(p)
-        pix = np.zeros(p.H * p.W, dtype=np.int64)
-        for bx in range(cfg.grid[0]):
-            pix[bx * GEMM_BN : (bx + 1) * GEMM_BN] += 1
-        chans = np.zeros(p.K, dtype=np.int64)
-        for by in range(cfg.grid[1]):
-            chans[by * bm : (by + 1) * bm] += 1
-        imgs = _grid_stride(p.N, 1, cfg.grid[2])
-        return (imgs.reshape(-1, 1, 1) * chans.reshape(1, -1, 1) * pix.reshape(1, 1, -1)).ravel()
+        visits = np.outer(np.bincount(np.arange(cfg.grid[1]), minlength=cdiv(p.K, bm)),
+                          np.bincount(np.arange(cfg.grid[0]), minlength=cdiv(p.H * p.W, GEMM_BN)))  # fmt: skip
+        per_image = gemm_writes(p.K, p.H * p.W, bm, GEMM_BN, visits)
+        imgs = grid_stride_counts(p.N, 1, cfg.grid[2])
+        return (imgs[:, None] * per_image[None, :]).ravel()
     tp, tk = _tile(p, defines, kt_rule)
     cols = np.zeros(p.Q, dtype=np.int64)
     for q in range(cfg.grid[0] * TQ):  # thread column q stores if q < Q
         if q < p.Q:
             cols[q] += 1
-    tiles = _grid_stride(_cdiv(p.P, tp), 1, cfg.grid[1])  # row tiles visited by blockIdx.y
+    tiles = grid_stride_counts(cdiv(p.P, tp), 1, cfg.grid[1])  # row tiles visited by blockIdx.y
     rows = np.repeat(tiles, tp)[: p.P]  # a tile's threads store rows p0 .. p0+TP-1 (< P)
-    k_tiles = _cdiv(p.K, tk)
-    planes = _grid_stride(p.N * k_tiles, 1, cfg.grid[2]).reshape(p.N, k_tiles)
+    k_tiles = cdiv(p.K, tk)
+    planes = grid_stride_counts(p.N * k_tiles, 1, cfg.grid[2]).reshape(p.N, k_tiles)
     per_k = np.repeat(planes, tk, axis=1)[:, : p.K]  # an (n, k-tile) stores k0 .. k0+TK-1 (< K)
     return (per_k.reshape(p.N, p.K, 1, 1) * rows.reshape(1, 1, -1, 1) * cols.reshape(1, 1, 1, -1)).ravel()
 
@@ -162,12 +156,11 @@ def make_blocked(
         name=name,
         day=6,
         cu_file="06_blocked.cu",
-        entry="conv2d_blocked_r3_k8_g4",
-        entry_fn=partial(_entry, kt_rule=kt_rule, bm_rule=bm_rule),
         summary="register blocking: 4 rows x 8 channels per thread from shared-memory tiles; 1x1: a GEMM tile",
         supports_fn=partial(blocked_supports, defines=d, kt_rule=kt_rule),
-        launch_fn=partial(_launch, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
-        args_fn=lambda p: nchw_args(p)[:5],  # N, C, H, W, K: R and S are compiled in
+        launches_fn=single_kernel(partial(_entry, kt_rule=kt_rule, bm_rule=bm_rule),
+                                  partial(_launch, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
+                                  "x w y N C H W K"),  # R and S are compiled in  # fmt: skip
         covers_fn=partial(_covers, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
         defines=d,
     )

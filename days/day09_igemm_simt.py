@@ -1,4 +1,4 @@
-"""Registry entries for day 09: implicit GEMM on CUDA cores, NHWC fp32.
+"""Day 09: implicit GEMM on CUDA cores, NHWC fp32.
 
 Two variants, both kept so the notebook can compare them:
 
@@ -21,21 +21,26 @@ from functools import partial
 
 import numpy as np
 
-from .general import full_args
-from .problem import Conv2dProblem
-from .variants import INT32_MAX, LaunchConfig, Variant, register
+from helpers.problem import Conv2dProblem
+from helpers.variants import LaunchConfig, Variant, register
+
+from .kit import (
+    FULL_SIZES,
+    VEC_BYTES,
+    alignment_reason,
+    blocks,
+    cdiv,
+    chunks16,
+    gemm_writes,
+    groups_one_reason,
+    implicit_gemm_int32_reason,
+    single_kernel,
+    tile_visits,
+)
 
 THREADS = 256  # both kernels
 ANALYTIC_TILE = (64, 64)
 TILES = ((128, 128), (128, 64), (64, 128), (64, 64))  # the instantiated (BM, BN) of 09_igemm_simt.cu
-VEC_ALIGN = 16  # bytes: the float4 loads and stores
-# GEMM-K = R*S*C is an int in the kernels, and so are their GEMM-K walks, which step by up to 32
-# channels (CEIL_DIV(C, 32), kg0 + 31 in day 11's scalar path): they must not pass INT32_MAX.
-MAX_GEMM_K = INT32_MAX - 31
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -62,29 +67,8 @@ class Tile:
 
 def igemm_supports(p: Conv2dProblem) -> str | None:
     """What both day-09 kernels (and day 11's) take: groups = 1 (any stride, padding, dilation,
-    filter, C, K), within their 32-bit index arithmetic (`int32_reason`)."""
-    if p.groups != 1:
-        return f"needs groups=1; got {p.groups} (use `general` or `depthwise`, NCHW)"
-    return int32_reason(p)
-
-
-def int32_reason(p: Conv2dProblem) -> str | None:
-    """The implicit-GEMM kernels' (days 09-11) 32-bit arithmetic: GEMM-K = R*S*C at most
-    `MAX_GEMM_K` (filter offsets and the GEMM-K walk), and P*Q < 2^31 (each thread decodes its
-    output pixel as ``int pq = m % (P*Q)``). None, or the reason."""
-    if p.R * p.S * p.C > MAX_GEMM_K:
-        return (
-            f"GEMM-K = R*S*C = {p.R * p.S * p.C} is over {MAX_GEMM_K}, the kernels' 32-bit filter offsets "
-            "and GEMM-K loop"
-        )
-    if p.P * p.Q > INT32_MAX:
-        return f"P*Q = {p.P * p.Q} output pixels per image do not fit the kernels' 32-bit pixel index"
-    return None
-
-
-def blocks(p: Conv2dProblem, t: Tile) -> int:
-    """Blocks of one launch with tile ``t``: ceil(GEMM-M / BM) * ceil(GEMM-N / BN)."""
-    return _cdiv(p.gemm.m, t.bm) * _cdiv(p.K, t.bn)
+    filter, C, K), within their 32-bit index arithmetic (`days.kit.implicit_gemm_int32_reason`)."""
+    return groups_one_reason(p) or implicit_gemm_int32_reason(p)
 
 
 # The tile rule, from the tile sweep over the ResNet-50 layers at N = 32 and 256 on the H200
@@ -107,7 +91,7 @@ def default_tile(p: Conv2dProblem) -> Tile:
 
 def vec_path(p: Conv2dProblem) -> bool:
     """16-byte loads when C % 4 == 0 (4 consecutive channels of a pixel are one aligned float4)."""
-    return p.C % 4 == 0
+    return chunks16(p.C, p)
 
 
 def _entry(p: Conv2dProblem, tile_rule) -> str:
@@ -117,35 +101,23 @@ def _entry(p: Conv2dProblem, tile_rule) -> str:
 
 def _launch(p: Conv2dProblem, tile_rule) -> LaunchConfig:
     t = tile_rule(p)
-    return LaunchConfig(grid=(_cdiv(p.gemm.m, t.bm), _cdiv(p.K, t.bn), 1), block=(THREADS, 1, 1))
+    return LaunchConfig(grid=(cdiv(p.gemm.m, t.bm), cdiv(p.K, t.bn), 1), block=(THREADS, 1, 1))
 
 
-def _covers(p: Conv2dProblem, cfg: LaunchConfig, tile_rule) -> np.ndarray:
+def tile_covers(p: Conv2dProblem, cfg: LaunchConfig, tile: Tile) -> np.ndarray:
     """Writes per element of Y[m][k] (the NHWC output, flat): block (bx, by) stores rows
-    bx*BM .. +BM-1 (< M) and columns by*BN .. +BN-1 (< K), each once."""
-    t = tile_rule(p)
-    rows = np.zeros(p.gemm.m, dtype=np.int64)
-    for bx in range(cfg.grid[0]):
-        rows[bx * t.bm : (bx + 1) * t.bm] += 1
-    cols = np.zeros(p.K, dtype=np.int64)
-    for by in range(cfg.grid[1]):
-        cols[by * t.bn : (by + 1) * t.bn] += 1
-    return (rows[:, None] * cols[None, :]).ravel()
+    bx*BM .. +BM-1 (< M) and columns by*BN .. +BN-1 (< K), each once (days 09 and 11)."""
+    visits = tile_visits(cfg.grid, cdiv(p.gemm.m, tile.bm), cdiv(p.K, tile.bn))
+    return gemm_writes(p.gemm.m, p.K, tile.bm, tile.bn, visits)
 
 
-def igemm_pointer_check(p: Conv2dProblem, x, w, y) -> str | None:
+def igemm_pointer_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
     """The vector entries' alignment: x and w 16-byte aligned when C % 4 == 0, y (if given) when
     K % 4 == 0. Returns None or the reason (`helpers.variants.prepare` raises it as ValueError)."""
-    need = [("x", x), ("w", w)] if vec_path(p) else []
-    if p.K % 4 == 0 and y is not None:
-        need.append(("y", y))
-    for nm, t in need:
-        if t.data_ptr() % VEC_ALIGN:
-            return (
-                f"{nm}.data_ptr() is not {VEC_ALIGN}-byte aligned (a view with a storage offset?); the 16-byte "
-                f"loads/stores need it: pass {nm}.clone()"
-            )
-    return None
+    need = {"x": VEC_BYTES, "w": VEC_BYTES} if vec_path(p) else {}
+    if chunks16(p.K, p):
+        need["y"] = VEC_BYTES
+    return alignment_reason(tensors, need, "the 16-byte loads/stores")
 
 
 def make_igemm(name: str = "igemm_simt", tile_rule: Callable[[Conv2dProblem], Tile] = default_tile) -> Variant:
@@ -160,13 +132,11 @@ def make_igemm(name: str = "igemm_simt", tile_rule: Callable[[Conv2dProblem], Ti
         name=name,
         day=9,
         cu_file="09_igemm_simt.cu",
-        entry="conv2d_igemm_simt_128x128_vec",
-        entry_fn=partial(_entry, tile_rule=tile_rule),
         summary="implicit GEMM, CUDA cores: up to 128x128 tiles, 8x8 per thread, float4 loads, double buffering",
         supports_fn=igemm_supports,
-        launch_fn=partial(_launch, tile_rule=tile_rule),
-        args_fn=full_args,
-        covers_fn=partial(_covers, tile_rule=tile_rule),
+        launches_fn=single_kernel(partial(_entry, tile_rule=tile_rule), partial(_launch, tile_rule=tile_rule),
+                                  f"x w y {FULL_SIZES} groups"),  # fmt: skip
+        covers_fn=lambda p, cfg: tile_covers(p, cfg, tile_rule(p)),
         layouts=("NHWC",),
         tensor_check_fn=igemm_pointer_check,
     )
@@ -177,12 +147,12 @@ register(
         name="igemm_simt_analytic",
         day=9,
         cu_file="09_igemm_simt_analytic.cu",
-        entry="conv2d_igemm_simt_analytic",
         summary="implicit GEMM, CUDA cores, readable: 64x64 tile, 4x4 per thread, index divisions per load",
         supports_fn=igemm_supports,
-        launch_fn=partial(_launch, tile_rule=lambda p: Tile(*ANALYTIC_TILE)),
-        args_fn=full_args,
-        covers_fn=partial(_covers, tile_rule=lambda p: Tile(*ANALYTIC_TILE)),
+        launches_fn=single_kernel("conv2d_igemm_simt_analytic",
+                                  partial(_launch, tile_rule=lambda p: Tile(*ANALYTIC_TILE)),
+                                  f"x w y {FULL_SIZES} groups"),  # fmt: skip
+        covers_fn=lambda p, cfg: tile_covers(p, cfg, Tile(*ANALYTIC_TILE)),
         layouts=("NHWC",),
     )
 )

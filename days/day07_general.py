@@ -1,4 +1,4 @@
-"""Registry entries for day 07: full ``conv2d`` semantics (``general``) and a fast ``depthwise``.
+"""Day 07: full ``conv2d`` semantics (``general``) and a fast ``depthwise``.
 
 * ``general`` (``07_general.cu``): any batch, stride, padding, dilation, filter shape and groups.
   Output pixels of the whole batch form one flat list (grid x); blocks of ``GEN_KPT`` output
@@ -8,7 +8,7 @@
   ``DW_QPT`` consecutive outputs of a row. The tile shape (planes per block, output rows per
   tile, row segments per tile) is chosen here by `dw_config` and passed to the kernel.
 
-As in `helpers.direct`, each entry has a ``covers`` model written from its kernel's mapping;
+As on the earlier days, each entry has a ``covers`` model written from its kernel's mapping;
 it counts the writes per output element with vectorised numpy, so it stays cheap for the
 edge suite's K = 70,000 and P = 600,000 problems.
 """
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import Conv2dProblem
-from .variants import MAX_GRID, LaunchConfig, Variant, register
+from helpers.problem import Conv2dProblem
+from helpers.variants import MAX_GRID, LaunchConfig, Variant, register
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from .kit import FULL_SIZES, cdiv, grid_stride_items, pack, single_kernel
 
 
 def _round4(v: int) -> int:
@@ -33,25 +31,6 @@ def _next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
 
-def fp32_nchw_any(p: Conv2dProblem) -> str | None:
-    """``general`` takes every problem; the dtype/layout checks live in `Variant.supports`."""
-    return None
-
-
-def full_args(p: Conv2dProblem) -> tuple:
-    """``N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, groups`` as ``np.int32``."""
-    vals = (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation, p.groups)
-    return tuple(np.int32(v) for v in vals)
-
-
-def _grid_stride_items(n_items: int, grid: int) -> np.ndarray:
-    """Items visited by ``for (i = blockIdx; i < n_items; i += grid)`` over all blocks, with repeats."""
-    starts = np.arange(grid)
-    steps = np.arange(_cdiv(n_items, grid))
-    items = (starts[:, None] + steps[None, :] * grid).ravel()
-    return items[items < n_items]
-
-
 # ---- day 07: general -------------------------------------------------------------------------
 GEN_DEFINES = {"GEN_BLOCK": 256, "GEN_PPT": 4, "GEN_KPT": 8, "GEN_TAPS": 128}
 
@@ -59,8 +38,8 @@ GEN_DEFINES = {"GEN_BLOCK": 256, "GEN_PPT": 4, "GEN_KPT": 8, "GEN_TAPS": 128}
 def general_launch(p: Conv2dProblem) -> LaunchConfig:
     d = GEN_DEFINES
     m = p.N * p.P * p.Q
-    kblocks = _cdiv(p.K // p.groups, d["GEN_KPT"])
-    grid = (_cdiv(m, d["GEN_BLOCK"] * d["GEN_PPT"]), 1, min(p.groups * kblocks, MAX_GRID[2]))
+    kblocks = cdiv(p.K // p.groups, d["GEN_KPT"])
+    grid = (cdiv(m, d["GEN_BLOCK"] * d["GEN_PPT"]), 1, min(p.groups * kblocks, MAX_GRID[2]))
     return LaunchConfig(grid=grid, block=(d["GEN_BLOCK"], 1, 1))
 
 
@@ -73,8 +52,8 @@ def general_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
     pix = np.bincount(m[m < M], minlength=M)
     # Channels: gk = blockIdx.z, step gridDim.z; channel g*Kg + kb*kpt + kk stored if local < Kg.
     kg = p.K // p.groups
-    kblocks = _cdiv(kg, kpt)
-    gk = _grid_stride_items(p.groups * kblocks, cfg.grid[2])
+    kblocks = cdiv(kg, kpt)
+    gk = grid_stride_items(p.groups * kblocks, cfg.grid[2])
     local = (gk % kblocks)[:, None] * kpt + np.arange(kpt)[None, :]
     k = (gk // kblocks)[:, None] * kg + local
     chans = np.bincount(k[local < kg], minlength=p.K)
@@ -87,12 +66,10 @@ register(
         name="general",
         day=7,
         cu_file="07_general.cu",
-        entry="conv2d_general",
         summary="every conv2d option (batch, stride, padding, dilation, any filter, groups); "
         "4 pixels x 8 output channels per thread, filters staged in shared memory",
-        supports_fn=fp32_nchw_any,
-        launch_fn=general_launch,
-        args_fn=full_args,
+        supports_fn=lambda p: None,  # every problem: the dtype/layout checks live in `Variant.supports`
+        launches_fn=single_kernel("conv2d_general", general_launch, f"x w y {FULL_SIZES} groups"),
         covers_fn=general_covers,
         defines=dict(GEN_DEFINES),
     )
@@ -143,25 +120,25 @@ def dw_config(p: Conv2dProblem) -> tuple[int, int, int]:
     """
     block, qpt = DW_DEFINES["DW_BLOCK"], DW_DEFINES["DW_QPT"]
     nc = p.N * p.C
-    nseg_all = _cdiv(p.Q, qpt)
-    nseg = _cdiv(nseg_all, _cdiv(nseg_all, DW_SEG_MAX))
+    nseg_all = cdiv(p.Q, qpt)
+    nseg = cdiv(nseg_all, cdiv(nseg_all, DW_SEG_MAX))
     while nseg > 1 and dw_geometry(p, 1, 1, nseg)["max_chunks"] > block:  # wide strides/filters
-        nseg = _cdiv(nseg, 2)
+        nseg = cdiv(nseg, 2)
     rows_target = DW_ROWS_PER_THREAD * (block // _next_pow2(nseg))
     if p.P <= rows_target:
         tp = p.P
         pl = max(1, min(nc, rows_target // p.P, max(1, nc // DW_MIN_GRID)))
     else:
-        tp = _cdiv(p.P, _cdiv(p.P, rows_target))
+        tp = cdiv(p.P, cdiv(p.P, rows_target))
         pl = 1
     while dw_geometry(p, pl, tp, nseg)["smem"] > DW_SMEM_TARGET:
         if pl > 1:
             pl = max(1, DW_SMEM_TARGET // dw_geometry(p, 1, tp, nseg)["smem"])
         elif tp > 1:
-            tp = _cdiv(tp, 2)
-            tp = _cdiv(p.P, _cdiv(p.P, tp))  # equal strips
+            tp = cdiv(tp, 2)
+            tp = cdiv(p.P, cdiv(p.P, tp))  # equal strips
         elif nseg > 1:
-            nseg = _cdiv(nseg, 2)
+            nseg = cdiv(nseg, 2)
         else:
             break  # the smallest tile; `depthwise_supports` refuses it past DW_SMEM_MAX
     return pl, tp, nseg
@@ -186,13 +163,14 @@ def depthwise_supports(p: Conv2dProblem) -> str | None:
 def depthwise_launch(p: Conv2dProblem) -> LaunchConfig:
     pl, tp, nseg = dw_config(p)
     g = dw_geometry(p, pl, tp, nseg)
-    blocks = _cdiv(p.N * p.C, pl) * _cdiv(p.P, tp) * _cdiv(p.Q, g["TQ"])
+    blocks = cdiv(p.N * p.C, pl) * cdiv(p.P, tp) * cdiv(p.Q, g["TQ"])
     return LaunchConfig(grid=(blocks, 1, 1), block=(DW_DEFINES["DW_BLOCK"], 1, 1), shared_bytes=g["smem"])
 
 
 def depthwise_args(p: Conv2dProblem) -> tuple:
-    """`full_args` plus the tile shape ``PL, TP, NSEG`` from `dw_config`."""
-    return full_args(p) + tuple(np.int32(v) for v in dw_config(p))
+    """x, w, y, the full sizes and groups, then the tile shape ``PL, TP, NSEG`` from `dw_config`."""
+    pl, tp, nseg = dw_config(p)
+    return pack(p, f"x w y {FULL_SIZES} groups PL TP NSEG", PL=np.int32(pl), TP=np.int32(tp), NSEG=np.int32(nseg))
 
 
 def depthwise_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
@@ -207,10 +185,10 @@ def depthwise_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
     pl_n, tp_n, nseg = dw_config(p)
     tq = nseg * qpt
     nc = p.N * p.C
-    ct_n, st_n = _cdiv(p.Q, tq), _cdiv(p.P, tp_n)
+    ct_n, st_n = cdiv(p.Q, tq), cdiv(p.P, tp_n)
     # Block decode, as in the kernel: blockIdx.x = (pg * ST + st) * CT + ct. With div/mod this is
     # a bijection onto [0, n_pg) x [0, ST) x [0, CT) exactly when grid x is their product.
-    n_pg = _cdiv(nc, pl_n)
+    n_pg = cdiv(nc, pl_n)
     if cfg.grid[0] != n_pg * st_n * ct_n:
         raise AssertionError(f"grid x {cfg.grid[0]} != {n_pg} plane groups x {st_n} strips x {ct_n} column tiles")
     # Items a block's threads visit: thread t takes segment sg = t % GS of output rows
@@ -247,12 +225,10 @@ register(
         name="depthwise",
         day=7,
         cu_file="07_depthwise.cu",
-        entry="conv2d_depthwise",
         summary="depthwise (groups = C = K): input tile + halo staged once in shared memory with "
         "float4 loads, 4 outputs per thread from registers; 3x3 stride 1/2 unrolled",
         supports_fn=depthwise_supports,
-        launch_fn=depthwise_launch,
-        args_fn=depthwise_args,
+        launches_fn=single_kernel("conv2d_depthwise", depthwise_launch, depthwise_args),
         covers_fn=depthwise_covers,
         defines=dict(DW_DEFINES),
     )

@@ -1,0 +1,157 @@
+"""Day 12's variant: the launch of one `PipelinedConfig` (tile, iterator, swizzle), its fused
+epilogue (``cin``, ``bias`` and the `helpers.epilogue.Epilogue` scalars go through
+`helpers.variants.prepare` by name), its refusals and its coverage model; `make_pipelined` builds
+one with any choice forced, and the registered ``igemm_pipelined`` is the automatic one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+from helpers.epilogue import Epilogue, scalars
+from helpers.problem import Conv2dProblem
+from helpers.variants import INT32_MAX, KernelLaunch, LaunchConfig, Variant, register
+
+from ..kit import (
+    FULL_SIZES,
+    TENSOR_CORE_CC,
+    VEC_BYTES,
+    alignment_reason,
+    cdiv,
+    gemm_writes,
+    groups_one_reason,
+    implicit_gemm_int32_reason,
+    pack,
+    tile_visits,
+)
+from .rule import ITERATORS, PipelinedConfig, choose, iterator_reason
+from .tiles import CU_FILE, INSTANTIATED, TileDescription
+
+
+def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
+    """None if ``cfg`` runs ``p``, else why not (tile, iterator, swizzle, 32-bit limits)."""
+    reason = groups_one_reason(p) or implicit_gemm_int32_reason(p) or int32_walk_reason(p, cfg.tile.bk)
+    if reason:
+        return reason
+    reason = cfg.tile.reason(smem_limit=2**31)  # the device's limit is checked in `Variant.supports`
+    if reason:
+        return f"tile {cfg.tile.name}: {reason}"
+    reason = iterator_reason(p, cfg.iterator)
+    if reason:
+        return reason
+    if cfg.iterator not in INSTANTIATED[cfg.tile.name]:
+        why_not = "; ".join(
+            f"{it}: {r}" for it in INSTANTIATED[cfg.tile.name] if (r := iterator_reason(p, it)) is not None
+        )
+        return (
+            f"tile {cfg.tile.name} is not instantiated with the {cfg.iterator} iterator; "
+            f"it is with: {', '.join(INSTANTIATED[cfg.tile.name])}" + (f" ({why_not})" if why_not else "")
+        )
+    if not 0 <= cfg.swizzle <= 4:
+        return f"swizzle = {cfg.swizzle}: log2 of the filter tiles per A tile, 0 .. 4"
+    return None
+
+
+def int32_walk_reason(p: Conv2dProblem, bk: int) -> str | None:
+    """This kernel's own 32-bit limits, beyond `days.kit.implicit_gemm_int32_reason`: its GEMM-K walks step
+    by BK (``CEIL_DIV(C, BK)``, ``c0 += BK``, ``t * BK``), so R·S·C + 2·BK must fit an int; and
+    the input row and column it tests, origin + tap offset (p·sh − ph + r·dh), must fit one too,
+    or the wrapped sum would pass the bounds test while the 64-bit address points elsewhere.
+    None, or the reason."""
+    if p.R * p.S * p.C + 2 * bk > INT32_MAX:
+        return f"GEMM-K = R*S*C = {p.R * p.S * p.C} plus two BK = {bk} steps does not fit the kernel's 32-bit walk"
+    axes = (("rows", p.P, p.stride[0], p.padding[0], p.R, p.dilation[0], p.H),
+            ("columns", p.Q, p.stride[1], p.padding[1], p.S, p.dilation[1], p.W))  # fmt: skip
+    for what, n_out, st, pad, taps, dil, size in axes:
+        reach = (n_out - 1) * st + (taps - 1) * dil + pad + size
+        if reach > INT32_MAX:
+            return f"input {what}: output origin + filter reach + padding + size = {reach} does not fit 32-bit offsets"
+    return None
+
+
+def pipelined_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: PipelinedConfig) -> list[KernelLaunch]:
+    """One launch of ``cfg``'s entry on x, w, y, the sizes N, C, H, W, K, R, S, P, Q, strides,
+    paddings, dilations (int32), the Cin and bias pointers (0 for none), alpha, beta (float32),
+    relu and swz_log, the swizzle (int32)."""
+    args = pack(p, f"x w y {FULL_SIZES} cin bias alpha beta relu swz_log", **scalars(epilogue),
+                swz_log=np.int32(cfg.swizzle))  # fmt: skip
+    return [KernelLaunch("main", cfg.entry(p.dtype), cfg.launch(p), args)]
+
+
+def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: PipelinedConfig) -> np.ndarray:
+    """Writes per element of Y[m][k] (NHWC, flat) of the launch: block (bx, by) computes output tile
+    (bx >> s, (by << s) + (bx & (2^s - 1))) and writes its rows < M, columns < K once; blocks past
+    the last filter tile write nothing."""
+    t = cfg.tile
+    visits = tile_visits(launch.grid, cdiv(p.gemm.m, t.bm), cdiv(p.K, t.bn), cfg.swizzle)
+    return gemm_writes(p.gemm.m, p.K, t.bm, t.bn, visits)
+
+
+def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue, cfg: PipelinedConfig) -> str | None:
+    """x and w 16-byte aligned for the optimized iterator (cp.async of 16 bytes); y 16-byte
+    aligned when K % 8 == 0 (16-byte stores), and so is cin when it is read (beta != 0).
+    None or the reason."""
+    need = {"x": VEC_BYTES, "w": VEC_BYTES} if cfg.iterator == "optimized" else {}
+    reason = alignment_reason(tensors, need, "the 16-byte cp.async copies")
+    if reason is None and p.K % 8 == 0:
+        cin = {"cin": VEC_BYTES} if epilogue.beta != 0 else {}
+        reason = alignment_reason(tensors, {"y": VEC_BYTES, **cin}, "the epilogue's 16-byte stores and Cin reads")
+    return reason
+
+
+def make_pipelined(
+    name: str = "igemm_pipelined",
+    tile: TileDescription | str | None = None,
+    iterator: str | None = None,
+    swizzle: int | None = None,
+) -> Variant:
+    """A day-12 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
+
+    Raises:
+        ValueError: a forced tile that is invalid or not instantiated (the reason says which), an
+            unknown iterator, a forced (tile, iterator) pair the ``.cu`` file does not instantiate,
+            or a swizzle outside 0..4. Problems the forced choice cannot run are refused per problem
+            by `Variant.supports`, with the reason.
+    """
+    if tile is not None:
+        t = TileDescription.parse(tile) if isinstance(tile, str) else tile
+        reason = t.reason()
+        if reason:
+            raise ValueError(f"tile {t.name}: {reason}")
+        tile = t
+    if iterator is not None and iterator not in ITERATORS:
+        raise ValueError(f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}")
+    if tile is not None and iterator is not None and iterator not in INSTANTIATED[tile.name]:
+        raise ValueError(
+            f"tile {tile.name} is not instantiated with the {iterator} iterator; "
+            f"it is with: {', '.join(INSTANTIATED[tile.name])}"
+        )
+    if swizzle is not None and not 0 <= swizzle <= 4:
+        raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
+    pick: Callable[[Conv2dProblem], PipelinedConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
+    forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
+                       (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)  # fmt: skip
+    return Variant(
+        name=name,
+        day=12,
+        cu_file=CU_FILE,
+        summary="tensor cores: cp.async multistage pipeline, tile descriptions, iterators, swizzle, fused epilogue"
+        + (f" ({forced})" if forced else ""),
+        supports_fn=lambda p: config_reason(p, pick(p)),
+        launches_fn=lambda p, ep: pipelined_launches(p, ep, pick(p)),
+        covers_fn=lambda p, launch: covers(p, launch, pick(p)),
+        dtypes=("fp16", "bf16"),
+        layouts=("NHWC",),
+        accum="fp32",
+        operands=("cin", "bias"),
+        fused_epilogue=True,
+        tensor_check_fn=lambda p, tensors, ep: tensor_check(p, tensors, ep, pick(p)),
+        min_cc=TENSOR_CORE_CC,
+        min_cc_why="cp.async, mma.sync m16n8k16 with bf16, ldmatrix",
+    )
+
+
+register(make_pipelined())

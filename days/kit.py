@@ -1,0 +1,230 @@
+"""The day kit: what several days' registry modules share, written once.
+
+* arithmetic: `cdiv` (ceil-division, the grids' formula);
+* launches: `pack` builds a kernel's argument list by name, from the problem's sizes, named
+  tensors (`helpers.variants.Buffer`) and named extra values; `single_kernel` makes the
+  ``launches_fn`` of a one-kernel `helpers.variants.Variant`;
+* coverage models (how often a launch writes each output element): `grid_stride_counts` and
+  `grid_stride_items` for grid-stride loops, `tile_visits` for a tile grid with an optional
+  threadblock swizzle, `gemm_writes` for GEMM-shaped outputs (tile visits x the rows and columns
+  a block stores);
+* claims and requirements: `same_conv_reason` (days 01-06), `groups_one_reason`,
+  `implicit_gemm_int32_reason` (days 09-12), `chunks16` (16-byte vector paths) and
+  `alignment_reason` (pointers the vector paths need aligned).
+
+A day module imports `helpers` (the core) and this kit, and an earlier day only through its
+public names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from helpers.epilogue import Epilogue
+from helpers.problem import Conv2dProblem
+from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig
+
+VEC_BYTES = 16  # one 16-byte vector access: a float4, or 8 fp16/bf16 values
+TENSOR_CORE_CC = (8, 0)  # the tensor-core days (10-12): bf16 fragments, mma.sync + ldmatrix, cp.async
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceil-division of positive ints: ``cdiv(7, 2) == 4`` (the grids' ``CEIL_DIV``)."""
+    return -(-a // b)
+
+
+# ---- kernel arguments by name ------------------------------------------------------------------
+
+# Problem scalars a kernel can take, by the name used in `pack`; every one is passed as np.int32.
+PROBLEM_SCALARS = {
+    "N": lambda p: p.N, "C": lambda p: p.C, "H": lambda p: p.H, "W": lambda p: p.W,
+    "K": lambda p: p.K, "R": lambda p: p.R, "S": lambda p: p.S, "P": lambda p: p.P, "Q": lambda p: p.Q,
+    "stride_h": lambda p: p.stride[0], "stride_w": lambda p: p.stride[1],
+    "pad_h": lambda p: p.padding[0], "pad_w": lambda p: p.padding[1],
+    "dil_h": lambda p: p.dilation[0], "dil_w": lambda p: p.dilation[1], "groups": lambda p: p.groups,
+}  # fmt: skip
+TENSORS = ("x", "w", "y", "dx", "dw", "dy", "workspace", "cin", "bias")  # names that become `Buffer`s
+
+# The argument lists the days' kernels share (after this, a kernel's own names follow).
+NCHW_SIZES = "N C H W K R S"
+FULL_SIZES = "N C H W K R S P Q stride_h stride_w pad_h pad_w dil_h dil_w"
+
+
+def pack(p: Conv2dProblem, names: str, **values) -> tuple:
+    """A kernel's arguments in order, from a space-separated list of names.
+
+    A tensor name (`TENSORS`) becomes ``Buffer(name)``, resolved to a pointer by
+    `helpers.variants.prepare`; a problem scalar (`PROBLEM_SCALARS`: N, C, H, W, K, R, S, P, Q,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups: the names of
+    `helpers.problem.Conv2dProblem.as_dict`) becomes ``np.int32``; any other name must be given in
+    ``values``, already as the numpy scalar the kernel takes (``np.int32``, ``np.float32``).
+
+    ``pack(p, "x w y N C H W K R S")`` -> ``(Buffer("x"), Buffer("w"), Buffer("y"), np.int32(p.N), ...)``.
+
+    Raises:
+        ValueError: a name that is none of these, or a keyword ``values`` that the list does not use.
+    """
+    out: list = []
+    used = set()
+    for nm in names.split():
+        if nm in values:
+            out.append(values[nm])
+            used.add(nm)
+        elif nm in TENSORS:
+            out.append(Buffer(nm))
+        elif nm in PROBLEM_SCALARS:
+            out.append(np.int32(PROBLEM_SCALARS[nm](p)))
+        else:
+            given = ", ".join(values) or "none"
+            raise ValueError(f"pack: {nm!r} is not a tensor ({', '.join(TENSORS)}), a problem scalar "
+                             f"({', '.join(PROBLEM_SCALARS)}) or a given value ({given})")  # fmt: skip
+    unused = set(values) - used
+    if unused:
+        raise ValueError(f"pack: values {sorted(unused)} are not in the argument list {names!r}")
+    return tuple(out)
+
+
+def single_kernel(
+    entry: str | Callable[[Conv2dProblem], str],
+    launch: Callable[[Conv2dProblem], LaunchConfig],
+    args: str | Callable[[Conv2dProblem], tuple],
+) -> Callable[[Conv2dProblem, Epilogue], list[KernelLaunch]]:
+    """The ``launches_fn`` of a one-kernel variant without a fused epilogue: one launch named
+    ``"main"`` of ``entry`` (a name, or problem -> name) with ``launch(problem)`` on ``args`` (a
+    `pack` name list, or problem -> argument tuple)."""
+
+    def launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
+        name = entry if isinstance(entry, str) else entry(p)
+        values = pack(p, args) if isinstance(args, str) else args(p)
+        return [KernelLaunch("main", name, launch(p), values)]
+
+    return launches
+
+
+# ---- coverage models ---------------------------------------------------------------------------
+
+
+def grid_stride_counts(n_items: int, per_block: int, grid: int) -> np.ndarray:
+    """How often a grid-stride loop over ``grid * per_block`` threads visits each of ``n_items``.
+
+    Thread t starts at item t and steps by the thread count: ``for (i = t; i < n; i += grid*per_block)``.
+    """
+    counts = np.zeros(n_items, dtype=np.int64)
+    for t in range(grid * per_block):
+        counts[t :: grid * per_block] += 1
+    return counts
+
+
+def grid_stride_items(n_items: int, grid: int) -> np.ndarray:
+    """Items visited by ``for (i = blockIdx; i < n_items; i += grid)`` over all blocks, with repeats."""
+    starts = np.arange(grid)
+    steps = np.arange(cdiv(n_items, grid))
+    items = (starts[:, None] + steps[None, :] * grid).ravel()
+    return items[items < n_items]
+
+
+def tile_visits(grid: tuple[int, int, int], m_tiles: int, n_tiles: int, swizzle: int = 0) -> np.ndarray:
+    """Visits per output tile, shape (m_tiles, n_tiles), of a GEMM grid whose block (bx, by)
+    computes tile (bx >> s, (by << s) + (bx & (2^s - 1))) (s = ``swizzle``; s = 0 is block (bx, by)
+    -> tile (bx, by)); blocks outside the tile grid compute nothing."""
+    bx = np.arange(grid[0])[:, None]
+    by = np.arange(grid[1])[None, :]
+    tm = np.broadcast_to(bx >> swizzle, (grid[0], grid[1])).ravel()
+    tn = ((by << swizzle) + (bx & ((1 << swizzle) - 1))).ravel()
+    keep = (tm < m_tiles) & (tn < n_tiles)
+    counts = np.zeros((m_tiles, n_tiles), dtype=np.int64)
+    np.add.at(counts, (tm[keep], tn[keep]), 1)
+    return counts
+
+
+def gemm_writes(
+    m: int,
+    n: int,
+    bm: int,
+    bn: int,
+    visits: np.ndarray,
+    row_hits: np.ndarray | None = None,
+    col_hits: np.ndarray | None = None,
+) -> np.ndarray:
+    """Writes per element of an m x n row-major output (flat) computed in bm x bn tiles.
+
+    ``visits[i, j]`` is how often tile (i, j) is computed (`tile_visits`, or an outer product of
+    per-axis counts); ``row_hits[r]`` (``col_hits[c]``) is how often the block's threads store row r
+    (column c) of a tile, ones if None. Stores outside the m x n output are dropped, as the
+    kernels' bounds tests do.
+    """
+    rows, cols = np.arange(m), np.arange(n)
+    rh = np.ones(bm, dtype=np.int64) if row_hits is None else np.asarray(row_hits, dtype=np.int64)
+    ch = np.ones(bn, dtype=np.int64) if col_hits is None else np.asarray(col_hits, dtype=np.int64)
+    per_tile = np.asarray(visits, dtype=np.int64)[(rows // bm)[:, None], (cols // bn)[None, :]]
+    return (per_tile * rh[rows % bm][:, None] * ch[cols % bn][None, :]).ravel()
+
+
+def blocks(p: Conv2dProblem, tile) -> int:
+    """Output tiles of ``p``'s GEMM view under a tile with ``bm`` x ``bn`` (days 09-12):
+    ceil(GEMM-M / BM) · ceil(GEMM-N / BN), the blocks of an unswizzled launch."""
+    return cdiv(p.gemm.m, tile.bm) * cdiv(p.gemm.n, tile.bn)
+
+
+# ---- claims and requirements ---------------------------------------------------------------------
+
+
+def same_conv_reason(p: Conv2dProblem) -> str | None:
+    """The claim of days 01-06: stride 1, dilation 1, groups 1, odd filters, "same" padding."""
+    if p.groups != 1:
+        return f"needs groups=1; got {p.groups}"
+    if p.stride != (1, 1):
+        return f"needs stride 1; got {p.stride}"
+    if p.dilation != (1, 1):
+        return f"needs dilation 1; got {p.dilation}"
+    if p.R % 2 == 0 or p.S % 2 == 0:
+        return f"needs an odd filter (R and S odd); got R={p.R}, S={p.S}"
+    want = ((p.R - 1) // 2, (p.S - 1) // 2)
+    if p.padding != want:
+        return f"needs 'same' padding {want} for a {p.R}x{p.S} filter; got {p.padding}"
+    return None
+
+
+def groups_one_reason(p: Conv2dProblem, instead: str = "use `general` or `depthwise`, fp32 NCHW") -> str | None:
+    """None for groups = 1, else the reason (with where to go instead)."""
+    return None if p.groups == 1 else f"needs groups=1; got {p.groups} ({instead})"
+
+
+# GEMM-K = R*S*C is an int in the implicit-GEMM kernels, and so are their GEMM-K walks, which
+# step by up to 32 channels (CEIL_DIV(C, 32), kg0 + 31 in day 11's scalar path).
+MAX_GEMM_K = INT32_MAX - 31
+
+
+def implicit_gemm_int32_reason(p: Conv2dProblem) -> str | None:
+    """The implicit-GEMM kernels' (days 09-12) 32-bit arithmetic: GEMM-K = R*S*C at most
+    `MAX_GEMM_K` (filter offsets and the GEMM-K walk), and P*Q < 2^31 (each thread decodes its
+    output pixel as ``int pq = m % (P*Q)``). None, or the reason."""
+    if p.R * p.S * p.C > MAX_GEMM_K:
+        return (
+            f"GEMM-K = R*S*C = {p.R * p.S * p.C} is over {MAX_GEMM_K}, the kernels' 32-bit filter offsets "
+            "and GEMM-K loop"
+        )
+    if p.P * p.Q > INT32_MAX:
+        return f"P*Q = {p.P * p.Q} output pixels per image do not fit the kernels' 32-bit pixel index"
+    return None
+
+
+def chunks16(channels: int, p: Conv2dProblem) -> bool:
+    """Whether rows of ``channels`` elements of ``p``'s dtype split into whole 16-byte chunks
+    (C % 4 == 0 for fp32, C % 8 == 0 for fp16/bf16): the condition of every 16-byte load path."""
+    return channels % (VEC_BYTES // p.itemsize) == 0
+
+
+def alignment_reason(tensors: dict, need: dict[str, int], why: str) -> str | None:
+    """None if every tensor named in ``need`` (name -> bytes) that is present (not None) in
+    ``tensors`` starts on that alignment, else the reason, naming the tensor and ``why``."""
+    for nm, align in need.items():
+        t = tensors.get(nm)
+        if t is not None and t.data_ptr() % align:
+            return (
+                f"{nm}.data_ptr() is not {align}-byte aligned (a view with a storage offset?); {why} "
+                f"need it: pass {nm}.clone()"
+            )
+    return None
