@@ -90,7 +90,8 @@ def default_tile(p: Conv2dProblem) -> Tile:
 
 
 def vec_path(p: Conv2dProblem) -> bool:
-    """16-byte loads when C % 4 == 0 (4 consecutive channels of a pixel are one aligned float4)."""
+    """16-byte loads when a pixel's C channels split into 16-byte chunks (`days.kit.chunks16`):
+    C % 4 == 0 for fp32 (a float4), C % 8 == 0 for fp16/bf16 (days 10-11)."""
     return chunks16(p.C, p)
 
 

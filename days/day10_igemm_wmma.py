@@ -24,6 +24,7 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import LaunchConfig, Variant, register
 
+from .day09_igemm_simt import igemm_supports, vec_path
 from .kit import (
     FULL_SIZES,
     TENSOR_CORE_CC,
@@ -32,8 +33,6 @@ from .kit import (
     cdiv,
     chunks16,
     gemm_writes,
-    groups_one_reason,
-    implicit_gemm_int32_reason,
     single_kernel,
     tile_visits,
 )
@@ -44,19 +43,6 @@ WM, WN = 64, 32  # warp tile: 4 x 2 fragments of 16 x 16
 FRAG = 16  # wmma m16n16k16
 PAD = 8  # elements of padding per shared row
 SHARED_BYTES = 2 * (BM + BN) * (BK + PAD) * 2  # two stages of 16-bit values, static (40,960 B)
-
-
-def wmma_supports(p: Conv2dProblem) -> str | None:
-    """What ``igemm_wmma`` takes beyond dtype and layout: groups = 1, and R·S·C and P·Q within the
-    kernel's 32-bit arithmetic (`days.kit.implicit_gemm_int32_reason`). Any stride, padding,
-    dilation, filter size, C and K."""
-    return groups_one_reason(p) or implicit_gemm_int32_reason(p)
-
-
-def vec_path(p: Conv2dProblem) -> bool:
-    """16-byte loads when C % 8 == 0: 8 consecutive channels of a pixel (or filter) are one
-    aligned 16-byte chunk. Otherwise a chunk could straddle two pixels: scalar loads."""
-    return chunks16(p.C, p)
 
 
 def vec_store(p: Conv2dProblem) -> bool:
@@ -119,7 +105,7 @@ register(
         day=10,
         cu_file="10_igemm_wmma.cu",
         summary="implicit GEMM on tensor cores (WMMA 16x16x16): fp16/bf16 in, fp32 accumulate, 128x128 tile",
-        supports_fn=wmma_supports,
+        supports_fn=igemm_supports,
         launches_fn=single_kernel(wmma_entry, wmma_launch, f"x w y {FULL_SIZES} groups"),
         covers_fn=wmma_covers,
         dtypes=("fp16", "bf16"),

@@ -17,20 +17,15 @@ from __future__ import annotations
 from helpers.problem import Conv2dProblem
 from helpers.variants import LaunchConfig, Variant, register
 
-from .day09_igemm_simt import Tile, igemm_supports, tile_covers
-from .kit import FULL_SIZES, TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, chunks16, single_kernel
+from .day09_igemm_simt import Tile, igemm_supports, tile_covers, vec_path
+from .kit import FULL_SIZES, TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, single_kernel
 
 MMA_TILE = (128, 128)  # BM x BN of 11_igemm_mma.cu (BK = 32)
 MMA_THREADS = 256
 
 
-def mma_vec_path(p: Conv2dProblem) -> bool:
-    """16-byte loads (8 channels of one pixel or filter row) when C % 8 == 0."""
-    return chunks16(p.C, p)
-
-
 def _mma_entry(p: Conv2dProblem) -> str:
-    return f"conv2d_igemm_mma_{p.dtype}_{'vec' if mma_vec_path(p) else 'scalar'}"
+    return f"conv2d_igemm_mma_{p.dtype}_{'vec' if vec_path(p) else 'scalar'}"
 
 
 def _mma_launch(p: Conv2dProblem) -> LaunchConfig:
@@ -42,7 +37,7 @@ def tensor_core_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | N
     """What the kernel needs of the tensors: x and w 16-byte aligned on the vec path (C % 8 == 0),
     y 4-byte aligned where K is even (the kernel stores pairs of outputs then, single ones for odd
     K). Returns None or the reason (`helpers.variants.prepare` raises it as ValueError)."""
-    need = {"x": VEC_BYTES, "w": VEC_BYTES} if mma_vec_path(p) else {}
+    need = {"x": VEC_BYTES, "w": VEC_BYTES} if vec_path(p) else {}
     if p.K % 2 == 0:
         need["y"] = 4
     return alignment_reason(tensors, need, "the vector loads and paired stores")

@@ -1,7 +1,10 @@
-"""Every kernel compiles with plain nvcc for every target architecture; no variant spills.
+"""Every kernel compiles with plain nvcc for every architecture its variants target; no variant spills.
 
-No GPU needed: `helpers.compile.nvcc_compile` runs ``nvcc -cubin -Xptxas -v``. Without nvcc on
-PATH the compile tests skip (the `parse_ptxas` unit tests still run).
+No GPU needed: `helpers.compile.nvcc_compile` runs ``nvcc -cubin -Xptxas -v``. Each variant says
+which GPUs it builds for and with which ``-arch`` (`Variant.build_reason`, `Variant.target`:
+e.g. sm_80+ for the tensor-core days, ``sm_90a`` for Hopper-only instructions), and these tests
+build exactly that. Without nvcc on PATH the compile tests skip (the `parse_ptxas` unit tests
+still run).
 """
 
 from __future__ import annotations
@@ -18,60 +21,38 @@ from helpers.suites import SUITES, suite
 from helpers.variants import all_variants
 
 KERNEL_FILES = sorted(p.name for p in hc.KERNEL_DIR.glob("*.cu"))
-
-# Kernel files that need a newer architecture than sm_75, matched by a word in the file name:
-# word -> (oldest compute capability as an int, why). Tensor-core files use bf16 WMMA, mma.sync
-# with ldmatrix or cp.async, all sm_80+; wgmma/TMA exist on Hopper only (sm_90a).
-MIN_ARCH = {
-    "wmma": (80, "bf16 WMMA fragments need sm_80+"),
-    "mma": (80, "mma.sync/ldmatrix tiles of this series need sm_80+"),
-    "pipelined": (80, "cp.async needs sm_80+"),
-    "wgmma": (90, "wgmma/TMA are Hopper-only (sm_90a)"),
-}
-# Files that must be built for a feature-specific target instead of the plain one.
-FEATURE_ARCH = {"wgmma": {"sm_90": "sm_90a"}}
-ONLY_ARCHS = {"wgmma": ("sm_90",)}  # wgmma does not exist on sm_120 either
-SPILL_CHECK_ARCH = "sm_90"
+SPILL_CHECK_CC = (9, 0)
 
 needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
-def _cc(arch: str) -> int:
-    return int(arch.removeprefix("sm_").rstrip("a"))
+def _cc(arch: str) -> tuple[int, int]:
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return int(digits[:-1]), int(digits[-1])
 
 
-def _words(cu_file: str) -> list[str]:
-    return cu_file.removesuffix(".cu").split("_")
-
-
-def arch_skip_reason(cu_file: str, arch: str) -> str | None:
-    """Why ``cu_file`` is not built for ``arch`` (see `MIN_ARCH`, `ONLY_ARCHS`), or ``None``."""
-    for word in _words(cu_file):
-        if word in ONLY_ARCHS and arch not in ONLY_ARCHS[word]:
-            return f"{cu_file} is built only for {', '.join(ONLY_ARCHS[word])}"
-        if word in MIN_ARCH and _cc(arch) < MIN_ARCH[word][0]:
-            return f"{cu_file} needs sm_{MIN_ARCH[word][0]}+ ({MIN_ARCH[word][1]}); skipped for {arch}"
-    return None
-
-
-def target_arch(cu_file: str, arch: str) -> str:
-    """The ``-arch`` to pass for ``cu_file`` on ``arch`` (``sm_90a`` for Hopper-only features)."""
-    for word in _words(cu_file):
-        if arch in FEATURE_ARCH.get(word, {}):
-            return FEATURE_ARCH[word][arch]
-    return arch
+def builds(cu_file: str, arch: str) -> tuple[list[tuple[str, tuple]], list[str]]:
+    """What the registered variants of ``cu_file`` build for a GPU of ``arch``'s compute capability:
+    ([(-arch target, -D defines)], [reasons of the variants that do not build there])."""
+    cc = _cc(arch)
+    todo, why_not = set(), []
+    for v in all_variants():
+        if v.cu_file != cu_file:
+            continue
+        reason = v.build_reason(cc)
+        if reason:
+            why_not.append(reason)
+        else:
+            todo.add((v.target(cc), tuple(sorted(v.defines.items()))))
+    if not todo and not why_not:  # a file no variant uses: built plainly, so it stays buildable
+        todo.add((arch, ()))
+    return sorted(todo, key=repr), why_not
 
 
 @functools.cache
-def compile_once(cu_file: str, arch: str, defines: tuple[tuple[str, object], ...]) -> tuple[list, str]:
-    """`helpers.compile.nvcc_compile`, cached per (file, arch, defines) for the whole session."""
-    return hc.nvcc_compile(cu_file, arch=target_arch(cu_file, arch), defines=dict(defines))
-
-
-def defines_for(cu_file: str) -> list[tuple[tuple[str, object], ...]]:
-    """The distinct ``-D`` sets that registered variants build ``cu_file`` with (``[()]`` if none)."""
-    sets = {tuple(sorted(v.defines.items())) for v in all_variants() if v.cu_file == cu_file}
-    return sorted(sets, key=repr) or [()]
+def compile_once(cu_file: str, target: str, defines: tuple[tuple[str, object], ...]) -> tuple[list, str]:
+    """`helpers.compile.nvcc_compile`, cached per (file, target, defines) for the whole session."""
+    return hc.nvcc_compile(cu_file, arch=target, defines=dict(defines))
 
 
 def test_kernel_files_exist():
@@ -80,12 +61,24 @@ def test_kernel_files_exist():
         assert (hc.KERNEL_DIR / v.cu_file).is_file(), f"variant {v.name} names a missing file {v.cu_file}"
 
 
+def test_build_targets_follow_the_variants():
+    """The tensor-core days build for sm_80+ only, with the plain target; the rest for every arch."""
+    for v in all_variants():
+        for arch in hc.ARCHS:
+            reason = v.build_reason(_cc(arch))
+            if v.day >= 10:
+                assert (reason is None) == (_cc(arch) >= (8, 0)), (v.name, arch, reason)
+            else:
+                assert reason is None, (v.name, arch, reason)
+            assert v.target(_cc(arch)) == arch
+
+
 @pytest.fixture(scope="module")
 def prewarmed():
     """Run every build the tests below need at once, on all cores (nvcc is single-threaded)."""
-    jobs = [(f, a, d) for f in KERNEL_FILES for a in hc.ARCHS if not arch_skip_reason(f, a) for d in defines_for(f)]
+    jobs = {(f, t, d) for f in KERNEL_FILES for a in hc.ARCHS for t, d in builds(f, a)[0]}
     with ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0)))) as pool:
-        for f in [pool.submit(compile_once, *job) for job in jobs]:
+        for f in [pool.submit(compile_once, *job) for job in sorted(jobs, key=repr)]:
             try:
                 f.result()
             except Exception:  # noqa: BLE001 - not cached: the test of that build runs it again and reports it
@@ -96,34 +89,34 @@ def prewarmed():
 @pytest.mark.parametrize("arch", hc.ARCHS)
 @pytest.mark.parametrize("cu_file", KERNEL_FILES)
 def test_compiles(cu_file: str, arch: str, prewarmed):
-    reason = arch_skip_reason(cu_file, arch)
-    if reason:
-        pytest.skip(reason)
-    for defines in defines_for(cu_file):
+    todo, why_not = builds(cu_file, arch)
+    if not todo:
+        pytest.skip("; ".join(why_not))
+    for target, defines in todo:
         try:
-            reports, _ = compile_once(cu_file, arch, defines)
+            reports, _ = compile_once(cu_file, target, defines)
         except RuntimeError as e:
             hint = "" if defines else " (no registered variant uses this file, so it was built without -D defines)"
             pytest.fail(f"{e}{hint}")
-        assert reports, f"{cu_file} ({arch}, {dict(defines)}) has no __global__ entry in the ptxas report"
-        assert all(r.arch.startswith(target_arch(cu_file, arch)) for r in reports)
+        assert reports, f"{cu_file} ({target}, {dict(defines)}) has no __global__ entry in the ptxas report"
+        assert all(r.arch == target for r in reports), (target, {r.arch for r in reports})
 
 
 def variant_entries(variant) -> set[str]:
-    """Entry points ``variant`` launches: its default entry and the entries of every step of every
-    problem of the named suites it supports, in its layout and in each of its dtypes (`Variant.adapt`)."""
-    entries = {variant.entry}
+    """Entry points ``variant`` launches: the entries of every launch of every problem of the named
+    suites it supports, in its layout and in each of its dtypes (`Variant.adapt`)."""
+    entries = set()
     for name in SUITES:
         for p in suite(name):
             for dtype in variant.dtypes:
                 q = variant.adapt(replace(p, dtype=dtype, name=""))
                 if variant.supports(q, smem_limit=2**31) is None:
-                    entries |= {s.entry for s in variant.steps(q)}
+                    entries |= {k.entry for k in variant.launches(q)}
     return entries
 
 
 def test_variant_entries_see_every_load_path():
-    """The NHWC and fp16/bf16 variants are reached through `Variant.adapt`: more than their default entry."""
+    """The NHWC and fp16/bf16 variants are reached through `Variant.adapt`: more than one entry."""
     names = {v.name: variant_entries(v) for v in all_variants()}
     assert {"im2col_nhwc", "sgemm_nt_128x64", "sgemm_nt_128x128"} <= names["im2col"]
     assert len(names["igemm_simt"]) >= 4 and len(names["igemm_wmma"]) == len(names["igemm_mma"]) == 4
@@ -133,11 +126,11 @@ def test_variant_entries_see_every_load_path():
 @pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)
 def test_variant_entries_have_no_spills(variant):
     """The entries a variant launches exist; no entry of its build spills or uses a stack."""
-    reason = arch_skip_reason(variant.cu_file, SPILL_CHECK_ARCH)
+    reason = variant.build_reason(SPILL_CHECK_CC)
     if reason:
         pytest.skip(reason)
     defines = tuple(sorted(variant.defines.items()))
-    reports, log = compile_once(variant.cu_file, SPILL_CHECK_ARCH, defines)
+    reports, log = compile_once(variant.cu_file, variant.target(SPILL_CHECK_CC), defines)
     by_entry = {r.entry: r for r in reports}
     missing = variant_entries(variant) - set(by_entry)
     assert not missing, f"{variant.name}: entries {sorted(missing)} not in the ptxas report {sorted(by_entry)}:\n{log}"

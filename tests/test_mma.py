@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from days.day11_igemm_mma import MMA_TILE, mma_vec_path, tensor_core_check
+from days.day09_igemm_simt import vec_path
+from days.day11_igemm_mma import MMA_TILE, tensor_core_check
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big
 from helpers.variants import get
@@ -30,7 +31,7 @@ def test_entries_follow_dtype_and_load_path(dtype):
     assert v.entry_for(nhwc(dtype, N=1, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)) == f"conv2d_igemm_mma_{dtype}_vec"
     scalar = nhwc(dtype, N=1, C=12, H=8, W=8, K=64, R=3, S=3, padding=1)
     assert v.entry_for(scalar) == f"conv2d_igemm_mma_{dtype}_scalar"
-    assert mma_vec_path(nhwc(dtype, N=1, C=8, H=2, W=2, K=1, R=1, S=1))
+    assert vec_path(nhwc(dtype, N=1, C=8, H=2, W=2, K=1, R=1, S=1))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
