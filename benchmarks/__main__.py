@@ -4,8 +4,10 @@
     python -m benchmarks --suite seed --variants naive z_out
     python -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC
 
-Writes ``benchmarks/results/<gpu>/<suite>.csv`` and ``.png`` (suffixed with dtype/layout when
-not fp32/NCHW). The CSV's rows carry the GPU, driver, CUDA, torch, cuDNN and pycuda versions.
+Without ``--variants`` every variant runs, each in its own layout and dtype against cuDNN in
+that layout and dtype; ``--dtype``/``--layout`` convert the suite and keep the variants that take
+it as it is. Writes ``benchmarks/results/<gpu>/<suite>.csv`` and ``.png`` (suffixed with
+dtype/layout when given). The CSV's rows carry the GPU, driver, CUDA, torch, cuDNN and pycuda versions.
 Exit status: 0 if every check passed, 1 if any failed, 2 without an NVIDIA GPU or on bad
 arguments.
 """
@@ -35,12 +37,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def default_variants(args: argparse.Namespace) -> list:
+    """Without ``--variants``: every variant, each run in its own layout and dtype
+    (`helpers.bench.bench` adapts the suite's problems); with ``--dtype``/``--layout``, the
+    variants that take that dtype and layout as they are (the suite's default: fp32, NCHW)."""
+    from helpers import variants
+
+    vs = variants.all_variants()
+    if not (args.dtype or args.layout):
+        return vs
+    dtype, layout = args.dtype or "fp32", args.layout or "NCHW"
+    return [v for v in vs if dtype in v.dtypes and layout in v.layouts]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from helpers import gpu, variants
 
     try:  # bad arguments are reported as such, GPU or not
-        vs = [variants.get(v) for v in args.variants] if args.variants else variants.all_variants()
+        vs = [variants.get(v) for v in args.variants] if args.variants else default_variants(args)
     except KeyError as e:
         print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
         return 2

@@ -9,9 +9,11 @@ Two sections, each between a pair of HTML comment markers:
   ``notebooks/day_NN_*.ipynb`` exists and says "planned" otherwise, and lists its registered
   variants (`helpers.variants.all_variants`) or, before there are any, the planned ones;
 * ``results``: for every ``benchmarks/results/<gpu>/<suite>.csv`` written by
-  ``python -m benchmarks``, one table per GPU × suite: per variant the problems checked and
-  passed and the geometric mean of ×cuDNN (cuDNN's median time / the variant's, > 1 is faster),
-  with the GPU, driver, CUDA, torch and cuDNN versions read from the CSV's columns.
+  ``python -m benchmarks``, one table per GPU × suite: per variant that ran, the dtype and
+  layout it ran in, the problems checked and passed and the geometric mean of ×cuDNN (cuDNN's
+  median time in that dtype and layout / the variant's, > 1 is faster), one baseline row per
+  dtype and layout, and the count of variants that refused every problem; with the GPU,
+  driver, CUDA, torch and cuDNN versions read from the CSV's columns.
 
 Everything is sorted, so regenerating an up-to-date README changes nothing.
 """
@@ -139,21 +141,30 @@ def results_table(csv: Path) -> str:
         f"{df['problem'].nunique()} problems · measured {date} · "
         f"[CSV](benchmarks/results/{csv.parent.name}/{csv.name})"
     )
-    rows = ["| variant | day | problems checked | passed | timed | geomean ×cuDNN |", "|---|---:|---:|---:|---:|---:|"]
+    rows = ["| variant | day | runs in | problems checked | passed | timed | geomean ×cuDNN |",
+            "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    refused = []
     for variant, d in df.groupby("variant", sort=False):
         ok = d["ok"].map(_as_bool) if "ok" in d.columns else pd.Series([None] * len(d))
         checked = int(ok.notna().sum())
         passed = int((ok == True).sum())  # noqa: E712 - True/False/None
         timed = int(d["ms_p50"].notna().sum())
+        baseline = str(variant).startswith("cudnn")
+        if not baseline and checked == 0 and timed == 0:
+            refused.append(str(variant))
+            continue
         gm = geomean(d["x_cudnn"]) if "x_cudnn" in d.columns else math.nan
-        if variant == "cudnn":
+        runs_in = " / ".join(sorted(set(d["dtype"] + " " + d["layout"]))) if {"dtype", "layout"} <= set(d) else "—"
+        if baseline:
             day_s = checked_s = passed_s = "baseline"
         else:
             day = pd.to_numeric(d["day"], errors="coerce").iloc[0] if "day" in d.columns else math.nan
             day_s = f"{int(day):02d}" if day == day else "?"
             checked_s, passed_s = str(checked), str(passed)
         gm_s = f"{gm:.3f}" if gm == gm else "—"
-        rows.append(f"| {variant} | {day_s} | {checked_s} | {passed_s} | {timed} | {gm_s} |")
+        rows.append(f"| {variant} | {day_s} | {runs_in} | {checked_s} | {passed_s} | {timed} | {gm_s} |")
+    if refused:
+        rows += ["", f"{len(refused)} variant(s) refused every problem of this suite: {', '.join(refused)}."]
     return "\n".join([heading, "", versions, "", *rows])
 
 

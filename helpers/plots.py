@@ -22,12 +22,15 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     variants = list(dict.fromkeys(d.variant))
     h = max(3.0, 0.32 * len(order) * max(1, len(variants)) / 2 + 1)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, h), sharey=True)
-    # One distinct colour per variant in both panels (the right one has no cuDNN bar); cuDNN grey.
-    others = [v for v in variants if v != "cudnn"]
+    # One distinct colour per variant in both panels (the right one has no cuDNN bar); cuDNN grey
+    # (the baseline rows: "cudnn", and "cudnn <dtype> <layout>" for problems adapted to a variant).
+    baselines = list(dict.fromkeys(d.variant[d.status == "baseline"])) if "status" in d else ["cudnn"]
+    others = [v for v in variants if v not in baselines]
     tab20 = sns.color_palette("tab20", 20)  # dark shades first, then light ones; greys (14, 15) skipped
     colours = [tab20[i] for i in (0, 2, 4, 6, 8, 10, 12, 16, 18, 1, 3, 5, 7, 9, 11, 13, 17, 19)]
     colours = (colours * (len(others) // len(colours) + 1))[: len(others)]
-    palette = {"cudnn": (0.45, 0.45, 0.45), **dict(zip(others, colours))}
+    greys = [(0.45, 0.45, 0.45), (0.6, 0.6, 0.6), (0.3, 0.3, 0.3), (0.75, 0.75, 0.75)]
+    palette = {**dict(zip(baselines, greys * len(baselines))), **dict(zip(others, colours))}
     sns.barplot(d, y="problem", x="ms_p50", hue="variant", order=order, hue_order=variants, palette=palette,
                 ax=a1, errorbar=None)  # fmt: skip
     # p20..p80 whiskers: the bar containers are in hue order, one bar per problem each.
@@ -39,9 +42,9 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     a1.set_xscale("log")
     a1.set_xlabel("median time (ms, log scale; whiskers p20–p80)")
     a1.set_ylabel("")
-    dk = d[d.variant != "cudnn"]
+    dk = d[~d.variant.isin(baselines)]
     sns.barplot(dk, y="problem", x="x_cudnn", hue="variant", order=order, palette=palette,
-                hue_order=[v for v in variants if v != "cudnn"], ax=a2, errorbar=None)  # fmt: skip
+                hue_order=others, ax=a2, errorbar=None)  # fmt: skip
     a2.axvline(1.0, color="k", ls="--", lw=1)
     a2.set_xscale("log")
     a2.set_xlabel("speed vs cuDNN (× cuDNN, log scale; > 1 is faster)")

@@ -80,3 +80,18 @@ def test_plot_missing_or_foreign_csv_exits_2_with_a_plain_message(tmp_path: Path
     r = plot_cli(str(foreign))
     assert r.returncode == 2 and "lacks the column" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "foreign.png").exists()
+
+
+def test_default_variants_follow_dtype_and_layout():
+    """No flags: every variant (each adapted); --layout/--dtype: the ones that take them as they are."""
+    from benchmarks.__main__ import default_variants, parse_args
+    from helpers.variants import all_variants
+
+    assert default_variants(parse_args([])) == all_variants()
+    nhwc = {v.name for v in default_variants(parse_args(["--layout", "NHWC"]))}
+    assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic"}
+    fp16 = {v.name for v in default_variants(parse_args(["--dtype", "fp16", "--layout", "NHWC"]))}
+    assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined"}
+    assert {v.name for v in default_variants(parse_args(["--dtype", "fp32"]))} == {
+        v.name for v in all_variants() if "NCHW" in v.layouts and "fp32" in v.dtypes
+    }

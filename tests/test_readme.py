@@ -79,6 +79,15 @@ def _fake_results(results_dir: Path) -> None:
         dict(variant="naive", day=1, problem="c", ok=None, status="unsupported: x", ms_p50=nan, x_cudnn=nan),
         dict(variant="z_out", day=2, problem="c", ok=True, status="ok", ms_p50=0.125, x_cudnn=8.0),
     ]
+    rows = [{**r, "dtype": "fp32", "layout": "NCHW"} for r in rows]
+    rows += [  # a variant run in its own layout, against its own baseline, and one that refused everything
+        dict(variant="cudnn fp32 NHWC", day=0, problem="a", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0,
+             dtype="fp32", layout="NHWC"),
+        dict(variant="im2col", day=8, problem="a", ok=True, status="ok", ms_p50=2.0, x_cudnn=0.5, dtype="fp32",
+             layout="NHWC"),
+        *[dict(variant="depthwise", day=7, problem=q, ok=None, status="unsupported: groups", ms_p50=nan,
+               x_cudnn=nan, dtype="fp32", layout="NCHW") for q in "abc"],
+    ]  # fmt: skip
     d = results_dir / "nvidia-h200"
     d.mkdir(parents=True)
     pd.DataFrame([{**r, **meta} for r in rows]).to_csv(d / "quick.csv", index=False)
@@ -96,9 +105,13 @@ def test_results_tables(tmp_path: Path):
     h200_quick = out.split("### ")[1]
     assert "driver 580.95.05 · CUDA 13.0 · torch 2.13.0 · cuDNN 91500 (fp32 precision: ieee)" in h200_quick
     assert "3 problems" in h200_quick and "2026-11-30" in h200_quick
-    assert "| cudnn | baseline | baseline | baseline | 3 | 1.000 |" in h200_quick
-    assert "| naive | 01 | 2 | 2 | 2 | 0.500 |" in h200_quick  # geomean(0.25, 1.0)
-    assert "| z_out | 02 | 3 | 2 | 2 | 4.000 |" in h200_quick  # geomean(2, 8); the failed run not timed
+    assert "| cudnn | baseline | fp32 NCHW | baseline | baseline | 3 | 1.000 |" in h200_quick
+    assert "| naive | 01 | fp32 NCHW | 2 | 2 | 2 | 0.500 |" in h200_quick  # geomean(0.25, 1.0)
+    assert "| z_out | 02 | fp32 NCHW | 3 | 2 | 2 | 4.000 |" in h200_quick  # geomean(2, 8); the failed run not timed
+    assert "| cudnn fp32 NHWC | baseline | fp32 NHWC | baseline | baseline | 1 | 1.000 |" in h200_quick
+    assert "| im2col | 08 | fp32 NHWC | 1 | 1 | 1 | 0.500 |" in h200_quick
+    assert "| depthwise |" not in h200_quick  # refused every problem: counted, not a row of zeros
+    assert "1 variant(s) refused every problem of this suite: depthwise." in h200_quick
     assert "[CSV](benchmarks/results/nvidia-h200/quick.csv)" in h200_quick
 
 
