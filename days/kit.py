@@ -19,6 +19,7 @@ public names.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,21 +87,21 @@ def pack(p: Conv2dProblem, names: str, **values) -> tuple:
     return tuple(out)
 
 
-def single_kernel(
-    entry: str | Callable[[Conv2dProblem], str],
-    launch: Callable[[Conv2dProblem], LaunchConfig],
-    args: str | Callable[[Conv2dProblem], tuple],
-) -> Callable[[Conv2dProblem, Epilogue], list[KernelLaunch]]:
+@dataclass(frozen=True)
+class single_kernel:  # noqa: N801 - used like a function: launches_fn=single_kernel(...)
     """The ``launches_fn`` of a one-kernel variant without a fused epilogue: one launch named
     ``"main"`` of ``entry`` (a name, or problem -> name) with ``launch(problem)`` on ``args`` (a
-    `pack` name list, or problem -> argument tuple)."""
+    `pack` name list, or problem -> argument tuple). A fixed ``entry`` name is also the
+    variant's `helpers.variants.Variant.entry`."""
 
-    def launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
-        name = entry if isinstance(entry, str) else entry(p)
-        values = pack(p, args) if isinstance(args, str) else args(p)
-        return [KernelLaunch("main", name, launch(p), values)]
+    entry: str | Callable[[Conv2dProblem], str]
+    launch: Callable[[Conv2dProblem], LaunchConfig]
+    args: str | Callable[[Conv2dProblem], tuple]
 
-    return launches
+    def __call__(self, p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
+        name = self.entry if isinstance(self.entry, str) else self.entry(p)
+        values = pack(p, self.args) if isinstance(self.args, str) else self.args(p)
+        return [KernelLaunch("main", name, self.launch(p), values)]
 
 
 # ---- coverage models ---------------------------------------------------------------------------

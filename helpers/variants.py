@@ -203,6 +203,19 @@ class Variant:
         """The entry point of the kernel that writes the output."""
         return self.launches(problem)[-1].entry
 
+    @property
+    def entry(self) -> str:
+        """The entry point of a variant whose one kernel is the same for every problem (its
+        ``launches_fn`` names it as ``entry``, as `days.kit.single_kernel` does with a name).
+
+        Raises:
+            AttributeError: the entry depends on the problem: use `entry_for`.
+        """
+        e = getattr(self.launches_fn, "entry", None)
+        if not isinstance(e, str):
+            raise AttributeError(f"{self.name} picks its entry point per problem: use entry_for(problem)")
+        return e
+
     def covers(self, problem: Conv2dProblem) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) predicted by the Python model."""
         return self.covers_fn(problem, self.launch(problem))
