@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from helpers.suites import edge, is_big, quick
 from helpers.variants import (
     MAX_GRID,
     MAX_THREADS_PER_BLOCK,
+    Buffer,
     UnsupportedProblem,
     all_variants,
     get,
@@ -284,3 +286,79 @@ def test_int32_product_limits_are_tight(name: str):
     for p in (Conv2dProblem(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1),
               Conv2dProblem(N=1, C=1, H=46340, W=46340, K=1, R=1, S=1)):  # fmt: skip
         assert v.supports(v.adapt(p), smem_limit=2**31) is None, (name, p.name)
+
+
+# ---- the launch path end to end, with a stand-in GPU -----------------------------------------
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """CPU tensors pass the device check, the device is an H200 (sm_90) on the default stream, and
+    `load_kernel` returns a recorder for each entry: `prepare` runs every other step for real."""
+    from helpers import compile as hc
+    from helpers import variants as hv
+
+    real_check = hv.check_tensors
+
+    def check_but_device(*a, **k):
+        try:
+            real_check(*a, **k)
+        except ValueError as e:
+            if "kernels need CUDA tensors" not in str(e):
+                raise
+
+    calls, built = [], []
+
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None):
+        built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
+
+        def fn(*args, grid, block, shared):
+            calls.append((entry, args, grid, block, shared))
+
+        return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
+                                 max_threads_per_block=1024)  # fmt: skip
+
+    monkeypatch.setattr(hv, "check_tensors", check_but_device)
+    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(hc, "load_kernel", load_kernel)
+    return calls, built
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
+    """`prepare` builds each launch for the variant's target, allocates the output and workspace,
+    and passes each named buffer's pointer and the scalars in the launch's order."""
+    calls, built = stand_in_gpu
+    p = supported_square(v)
+    x, w = p.make_inputs()
+    plan, y = prepare(v, p, x, w)
+    launches = v.launches(p)
+    assert [b[1] for b in built] == [k.entry for k in launches]
+    assert all(b[0] == v.cu_file and b[2] == v.defines and b[4] == v.target((9, 0)) for b in built)
+    assert tuple(y.shape) == p.y_shape and y.dtype == p.torch_dtype
+    assert list(plan.kernels) == [k.name for k in launches]
+    ws = plan.workspace
+    assert (ws is None) == (v.workspace_bytes(p) == 0) and (ws is None or ws.numel() == v.workspace_bytes(p))
+    plan()
+    ptrs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr(), "cin": 0, "bias": 0,
+            "workspace": ws.data_ptr() if ws is not None else None}  # fmt: skip
+    assert [c[0] for c in calls] == [k.entry for k in launches]
+    for (entry, args, grid, block, shared), k in zip(calls, launches):
+        assert (grid, block, shared) == (k.config.grid, k.config.block, k.config.shared_bytes)
+        assert len(args) == len(k.args)
+        for got, want in zip(args, k.args):
+            if isinstance(want, Buffer):
+                assert type(got) is np.uintp and int(got) == ptrs[want.name], (entry, want)
+            else:
+                assert type(got) is type(want) and got == want, (entry, got, want)
+
+
+def test_prepare_refuses_aliasing_outputs(stand_in_gpu):
+    """The output may not share memory with an input (other blocks still read it)."""
+    v = get("igemm_simt")
+    p = Conv2dProblem(N=1, C=8, H=6, W=6, K=8, R=1, S=1, layout="NHWC")  # 1x1, C == K: x and y have one shape
+    x, w = p.make_inputs()
+    with pytest.raises(ValueError, match="y overlaps x in memory"):
+        prepare(v, p, x, w, out=x)
+    prepare(v, p, x, w, out=torch.empty(p.y_shape))
