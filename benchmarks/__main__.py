@@ -8,8 +8,10 @@ Without ``--variants`` every variant runs, each in its own layout and dtype agai
 that layout and dtype; ``--dtype``/``--layout`` convert the suite and keep the variants that take
 it as it is. Writes ``benchmarks/results/<gpu>/<suite>.csv`` and ``.png`` (suffixed with
 dtype/layout when given). The CSV's rows carry the GPU, driver, CUDA, torch, cuDNN and pycuda versions.
-Exit status: 0 if every check passed, 1 if any failed, 2 without an NVIDIA GPU or on bad
-arguments.
+The CSV is written after every problem, so an interrupted run (Ctrl-C: exit 130) keeps what it
+measured; a fault in one (variant, problem) is recorded as its row and the run goes on.
+Exit status: 0 if every check passed, 1 if any failed or faulted, or if a variant named with
+``--variants`` ran on no problem of the suite; 2 without an NVIDIA GPU or on bad arguments.
 """
 
 from __future__ import annotations
@@ -81,23 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout)
     if args.skip_big:
         probs = [p for p in probs if not suites.is_big(p)]
-    df = bench(vs, probs, check=not args.no_check, progress=not args.no_progress)
-
     meta = gpu.versions()
     with cudnn_fp32_ieee() as prec:
         meta = {**meta, "cudnn_fp32_precision": prec, "suite": args.suite,
                 "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
-    for k, v in meta.items():
-        df[k] = v
     stem = args.suite
     if args.dtype or args.layout:
         stem += "_" + "_".join(s for s in (args.dtype, args.layout) if s)
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / f"{stem}.csv", index=False)
+    csv = out / f"{stem}.csv"
+
+    def write(df: pd.DataFrame) -> None:
+        """The CSV as the run goes (after every problem), so an interrupted run keeps what it measured."""
+        df.assign(**meta).to_csv(csv, index=False)
+
+    try:
+        df = bench(vs, probs, check=not args.no_check, progress=not args.no_progress, on_rows=write)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {csv} holds the problems finished so far", file=sys.stderr)
+        return 130
+    df = df.assign(**meta)
+    df.to_csv(csv, index=False)
     from benchmarks.plot import redraw
 
-    redraw(out / f"{stem}.csv")
+    redraw(csv)
 
     pd.set_option("display.width", 200)
     shown = df[["problem", "variant", "ms_p50", "x_cudnn", "tflops", "status"]]
@@ -108,8 +118,15 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {meta['torch']}, cuDNN {meta['cudnn']})")  # fmt: skip
     failed = df[df.ok == False]  # noqa: E712 - ok is True/False/None
     if len(failed):
-        print(f"\n{len(failed)} FAILED checks:", file=sys.stderr)
+        print(f"\n{len(failed)} FAILED checks or faults:", file=sys.stderr)
         print(failed[["problem", "variant", "status"]].to_string(index=False), file=sys.stderr)
+        return 1
+    ran = set(df.variant[df.ms_p50.notna() & (df.status != "baseline")])
+    idle = [v.name for v in vs if v.name not in ran]
+    if args.variants and idle:  # asked for by name, yet nothing was checked or timed
+        print(f"\npython -m benchmarks: {', '.join(idle)} ran on no problem of the {args.suite} suite "
+              f"({', '.join(sorted(set(df.status[df.variant.isin(idle)].str.split(':').str[0])))})",
+              file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

@@ -144,23 +144,28 @@ def results_table(csv: Path) -> str:
     rows = ["| variant | day | runs in | problems checked | passed | timed | geomean ×cuDNN |",
             "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     refused = []
-    for variant, d in df.groupby("variant", sort=False):
+    labels = [f"{v} (unchecked)" if st == "unchecked" else v for v, st in zip(df["variant"], df["status"])]
+    df = df.assign(_label=labels)
+    for variant, d in df.groupby("_label", sort=False):
         ok = d["ok"].map(_as_bool) if "ok" in d.columns else pd.Series([None] * len(d))
         checked = int(ok.notna().sum())
         passed = int((ok == True).sum())  # noqa: E712 - True/False/None
         timed = int(d["ms_p50"].notna().sum())
-        baseline = str(variant).startswith("cudnn")
-        if not baseline and checked == 0 and timed == 0:
+        baseline = (d["status"] == "baseline").any()
+        unchecked = (d["status"] == "unchecked").all()
+        if not baseline and not unchecked and checked == 0 and timed == 0:
             refused.append(str(variant))
             continue
-        gm = geomean(d["x_cudnn"]) if "x_cudnn" in d.columns else math.nan
+        # checked rows: only those that passed; --no-check rows are their own line, never mixed in
+        gm_rows = d if baseline or unchecked else d[ok == True]  # noqa: E712
+        gm = geomean(gm_rows["x_cudnn"]) if "x_cudnn" in d.columns else math.nan
         runs_in = " / ".join(sorted(set(d["dtype"] + " " + d["layout"]))) if {"dtype", "layout"} <= set(d) else "—"
         if baseline:
             day_s = checked_s = passed_s = "baseline"
         else:
             day = pd.to_numeric(d["day"], errors="coerce").iloc[0] if "day" in d.columns else math.nan
             day_s = f"{int(day):02d}" if day == day else "?"
-            checked_s, passed_s = str(checked), str(passed)
+            checked_s, passed_s = (str(checked), str(passed)) if not unchecked else ("unchecked", "unchecked")
         gm_s = f"{gm:.3f}" if gm == gm else "—"
         rows.append(f"| {variant} | {day_s} | {runs_in} | {checked_s} | {passed_s} | {timed} | {gm_s} |")
     if refused:
@@ -175,8 +180,8 @@ def results_section(results_dir: Path = RESULTS) -> str:
         return NO_RESULTS
     intro = (
         "×cuDNN is cuDNN's median time divided by the variant's (> 1: faster than cuDNN), "
-        "geometric mean over the problems the variant passed and was timed on. Regenerate with "
-        "`python -m benchmarks.readme_table`."
+        "geometric mean over the problems the variant passed and was timed on (runs with "
+        "`--no-check` are listed apart, as unchecked). Regenerate with `python -m benchmarks.readme_table`."
     )
     return "\n\n".join([intro, *(results_table(c) for c in csvs)])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 import torch
@@ -116,7 +116,7 @@ class _SuiteProblem:
                 self._ms[p] = t.ms_p50
                 self.rows.append(_row(p, name, 0, status="baseline", ms_p50=t.ms_p50, ms_p20=t.ms_p20,
                                       ms_p80=t.ms_p80, reps=t.reps, x_cudnn=1.0, **_rates(p, t.ms_p50)))  # fmt: skip
-            except RuntimeError as e:  # e.g. cuDNN refusing a shape: record, keep going
+            except Exception as e:  # noqa: BLE001 - e.g. cuDNN refusing a shape: record, keep going
                 self.rows.append(_row(p, name, 0, status=f"error: {str(e).splitlines()[0][:200]}"))
         return self._ms[p]
 
@@ -131,6 +131,7 @@ def bench(
     adapt: bool = True,
     progress: bool = True,
     timing_kw: dict | None = None,
+    on_rows: Callable[[pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
     """Check and time every variant on every problem it supports, and cuDNN on every problem.
 
@@ -148,11 +149,19 @@ def bench(
             layout or dtype gets an "unsupported" row.
         progress: show a tqdm progress bar.
         timing_kw: passed to `helpers.timing.time_gpu`.
+        on_rows: called with the DataFrame so far after each suite problem (e.g. to write the CSV
+            as the run goes, so an interrupted run keeps what it measured).
+
+    A fault in one (variant, problem) — an exception from the check, the launch or the timer,
+    out of memory included — becomes that row (``ok=False``, ``status`` "error: <type>:
+    <message>") and the run goes on; a problem that does not fit the device's free memory
+    (`memory_needed`) gets "skipped: <reason>" rows.
 
     Returns:
         A DataFrame with one row per (variant, problem): the problem's fields (`as_dict`, with
         the dtype and layout the variant ran in), ``ok`` (True/False, None for unsupported or
-        cuDNN), ``status`` ("ok", "baseline", "unsupported: <reason>", "FAIL <kind>: ..."),
+        cuDNN), ``status`` ("ok", "unchecked", "baseline", "unsupported: <reason>", "FAIL <kind>:
+        ...", "error: ...", "skipped: ..."),
         ``ms_p50``/``ms_p20``/``ms_p80`` (ms), ``tflops`` (direct-conv FLOPs / median time,
         TFLOP/s), ``gbps`` (minimum bytes / median time, GB/s), ``x_cudnn``, and the check's error
         measures.
@@ -173,43 +182,87 @@ def bench(
     with cudnn_fp32_ieee():
         for suite_p in problems:
             bar.set_postfix_str(suite_p.name)
+            todo = {v.name: v.adapt(suite_p) if adapt else suite_p for v in vs}
+            too_big = _too_big([suite_p, *todo.values()])
+            if too_big:
+                rows.append(_row(suite_p, "cudnn", 0, status=f"skipped: {too_big}"))
+                rows += [_row(todo[v.name], v.name, v.day, status=f"skipped: {too_big}") for v in vs]
+                bar.update(len(vs) + cudnn)
+                if on_rows:
+                    on_rows(_frame(rows))
+                continue
             runs = _SuiteProblem(suite_p, rows, cudnn, timing_kw)
             runs.baseline(suite_p)
             bar.update(int(cudnn))
             for v in vs:
-                p = v.adapt(suite_p) if adapt else suite_p
-                reason = v.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc)
-                if reason:
-                    rows.append(_row(p, v.name, v.day, status=f"unsupported: {reason}"))
-                    bar.update()
-                    continue
-                errs = {}
-                if check:
-                    results = [run_check(v, p, kind=k) for k in kinds if k != "cancel" or p.C_per_group % 2 == 0]
-                    bad = [r for r in results if not r.ok]
-                    normal = next((r for r in results if r.kind == "normal"), results[0])
-                    exact = next((r.exact for r in results if r.kind == "int"), None)
-                    errs = dict(rel_l2=normal.rel_l2, worst_err_over_bound=normal.worst_err_over_bound, exact=exact)
-                    if bad:
-                        status = "; ".join(f"FAIL {r.kind}: {r.reason}" for r in bad)
-                        rows.append(_row(p, v.name, v.day, ok=False, status=status, **errs))
-                        bar.update()
-                        continue
-                launch, _ = prepare(v, p, *runs.inputs(p))
-                t = time_gpu(launch, **timing_kw)
-                rows.append(_row(p, v.name, v.day, ok=True if check else None, status="ok" if check else "unchecked",
-                                 ms_p50=t.ms_p50, ms_p20=t.ms_p20, ms_p80=t.ms_p80, reps=t.reps,
-                                 x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs))  # fmt: skip
+                p = todo[v.name]
+                try:
+                    rows.append(_bench_one(v, p, runs, info, check, kinds, timing_kw, run_check, prepare, time_gpu))
+                except Exception as e:  # noqa: BLE001 - a fault in one (variant, problem) is recorded, the run goes on
+                    if isinstance(e, torch.cuda.OutOfMemoryError):
+                        torch.cuda.empty_cache()
+                    msg = " ".join(str(e).split())[:300]
+                    rows.append(_row(p, v.name, v.day, ok=False, status=f"error: {type(e).__name__}: {msg}"))
                 bar.update()
             del runs
+            if on_rows:
+                on_rows(_frame(rows))
     bar.close()
+    return _frame(rows)
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     front = [c for c in COLUMNS if c in df.columns]
     return df[front + [c for c in df.columns if c not in front]]
 
 
-def geomean_x_cudnn(df: pd.DataFrame) -> pd.Series:
-    """Geometric mean of ``x_cudnn`` per variant over the rows it was timed on (checked rows);
-    baseline rows are left out."""
-    d = df[(df.status != "baseline") & df.x_cudnn.notna() & (df.x_cudnn > 0)]
+def _bench_one(v, p: Conv2dProblem, runs, info, check, kinds, timing_kw, run_check, prepare, time_gpu) -> dict:
+    """The row of one (variant, problem): unsupported, failed checks, or checked and timed."""
+    reason = v.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc)
+    if reason:
+        return _row(p, v.name, v.day, status=f"unsupported: {reason}")
+    errs = {}
+    if check:
+        results = [run_check(v, p, kind=k) for k in kinds if k != "cancel" or p.C_per_group % 2 == 0]
+        bad = [r for r in results if not r.ok]
+        normal = next((r for r in results if r.kind == "normal"), results[0])
+        exact = next((r.exact for r in results if r.kind == "int"), None)
+        errs = dict(rel_l2=normal.rel_l2, worst_err_over_bound=normal.worst_err_over_bound, exact=exact)
+        if bad:
+            status = "; ".join(f"FAIL {r.kind}: {r.reason}" for r in bad)
+            return _row(p, v.name, v.day, ok=False, status=status, **errs)
+    launch, _ = prepare(v, p, *runs.inputs(p))
+    t = time_gpu(launch, **timing_kw)
+    return _row(p, v.name, v.day, ok=True if check else None, status="ok" if check else "unchecked",
+                ms_p50=t.ms_p50, ms_p20=t.ms_p20, ms_p80=t.ms_p80, reps=t.reps,
+                x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs)  # fmt: skip
+
+
+REFERENCE_BAND_BYTES = 6 * 2**26 * 8  # `helpers.check.compare`'s float64 bands: reference, |x|·|w| scale, errors
+
+
+def memory_needed(p: Conv2dProblem) -> int:
+    """Bytes of device memory `bench` needs at once for ``p``, an estimate: the timed inputs and
+    the check's own (2 × (x + w)), the check's two outputs and the timed one (3 × y), and the
+    float64 reference bands of `helpers.check.compare` (`REFERENCE_BAND_BYTES`)."""
+    item = p.itemsize
+    return 2 * (p.x_numel + p.w_numel) * item + 3 * p.y_numel * item + REFERENCE_BAND_BYTES
+
+
+def _too_big(problems: list[Conv2dProblem]) -> str:
+    """'' if the largest of ``problems`` fits the device's free memory (`memory_needed`), else why not."""
+    need = max(memory_needed(p) for p in problems)
+    free, _total = torch.cuda.mem_get_info()
+    if need <= free:
+        return ""
+    return (f"needs about {need / 1e9:.1f} GB of device memory (inputs, outputs, reference bands); "
+            f"{free / 1e9:.1f} GB free")  # fmt: skip
+
+
+def geomean_x_cudnn(df: pd.DataFrame, checked: bool = True) -> pd.Series:
+    """Geometric mean of ``x_cudnn`` per variant over the rows it was timed on: with ``checked``
+    only the rows that passed their checks (``status == "ok"``), else only the ``--no-check``
+    ones (``"unchecked"``); the two are never mixed, and baselines are left out."""
+    d = df[(df.status == ("ok" if checked else "unchecked")) & df.x_cudnn.notna() & (df.x_cudnn > 0)]
     return d.groupby("variant", sort=False).x_cudnn.apply(lambda s: float(math.exp(s.map(math.log).mean())))

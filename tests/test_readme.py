@@ -157,3 +157,20 @@ def test_check_flag(tmp_path: Path):
     assert rt.main(["--check", "--readme", str(readme)]) == 1
     assert rt.main(["--readme", str(readme)]) == 0
     assert readme.read_text() == README.read_text()
+
+
+def test_unchecked_timings_are_listed_apart(tmp_path: Path):
+    """Rows timed with --no-check never enter a variant's checked geomean."""
+    rows = [
+        dict(variant="cudnn", day=0, problem="a", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0),
+        dict(variant="naive", day=1, problem="a", ok=True, status="ok", ms_p50=4.0, x_cudnn=0.25),
+        dict(variant="naive", day=1, problem="b", ok=None, status="unchecked", ms_p50=0.1, x_cudnn=10.0),
+    ]
+    d = tmp_path / "nvidia-h200"
+    d.mkdir()
+    pd.DataFrame([{**r, "gpu": "NVIDIA H200", "dtype": "fp32", "layout": "NCHW"} for r in rows]).to_csv(
+        d / "quick.csv", index=False
+    )
+    out = rt.results_section(tmp_path)
+    assert "| naive | 01 | fp32 NCHW | 1 | 1 | 1 | 0.250 |" in out
+    assert "| naive (unchecked) | 01 | fp32 NCHW | unchecked | unchecked | 1 | 10.000 |" in out
