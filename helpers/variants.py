@@ -47,7 +47,7 @@ from .problem import Conv2dProblem
 # CUDA limits that hold on every GPU this series targets (sm_75 .. sm_120).
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
-DEFAULT_SMEM_LIMIT = 48 * 1024  # without opt-in; `prepare` asks the device for its opt-in limit
+DEFAULT_SMEM_LIMIT = 48 * 1024  # every GPU, without opt-in: `supports`' limit when there is no GPU
 INT32_MAX = 2**31 - 1  # the kernels take sizes, strides, padding and dilation as np.int32
 DAYS_PACKAGE = "days"  # the package whose import registers the series' variants
 
@@ -140,10 +140,18 @@ class Variant:
         return f"sm_{cc[0]}{cc[1]}{self.arch_suffix}"
 
     def supports(
-        self, problem: Conv2dProblem, smem_limit: int = DEFAULT_SMEM_LIMIT, cc: tuple[int, int] | None = None
+        self, problem: Conv2dProblem, smem_limit: int | None = None, cc: tuple[int, int] | None = None
     ) -> str | None:
         """``None`` if this variant handles ``problem`` (on a GPU of compute capability ``cc``,
-        when given), else the reason it does not."""
+        when given), else the reason it does not.
+
+        ``smem_limit`` is the shared memory a block may have, in bytes; by default the current
+        GPU's opt-in limit (what `prepare` uses), or without a GPU `DEFAULT_SMEM_LIMIT` (48 KB,
+        what every GPU allows), which a refusal then names as assumed.
+        """
+        assumed = ""
+        if smem_limit is None:
+            smem_limit, assumed = _default_smem_limit()
         if problem.op != self.op:
             return f"{self.name} computes {self.op}; got a {problem.op} problem"
         if problem.dtype not in self.dtypes:
@@ -169,7 +177,8 @@ class Variant:
                 if not 1 <= g <= limit:
                     return f"{who}: grid {'xyz'[axis]} = {g} is outside 1..{limit}"
             if cfg.shared_bytes > smem_limit:
-                return f"{who}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
+                return (f"{who}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
+                        f"{assumed}")  # fmt: skip
         return self.build_reason(cc) if cc is not None else None
 
     def adapt(self, problem: Conv2dProblem) -> Conv2dProblem:
@@ -234,6 +243,17 @@ class Variant:
             return ks[:-1] + [replace(ks[-1], config=change(ks[-1].config))]
 
         return replace(self, name=name, launches_fn=changed)
+
+
+def _default_smem_limit() -> tuple[int, str]:
+    """(the current GPU's opt-in shared-memory limit per block, ""), or without a GPU
+    (`DEFAULT_SMEM_LIMIT`, the note a refusal adds to say the limit was assumed)."""
+    from . import gpu
+
+    if gpu.has_gpu():
+        return gpu.device_info().smem_per_block_optin, ""
+    return DEFAULT_SMEM_LIMIT, (" (assumed without a GPU: every GPU allows 48 KB; on one, `supports` and `prepare` "
+                                "use its opt-in limit; pass smem_limit= to ask for another)")  # fmt: skip
 
 
 REGISTRY: dict[str, Variant] = {}

@@ -212,6 +212,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
     monkeypatch.setattr(gpu, "init", touched)
     monkeypatch.setattr(gpu, "device_info", touched)
+    monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
 
 
 @pytest.mark.parametrize("call", [prepare, run], ids=["prepare", "run"])

@@ -179,6 +179,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
     monkeypatch.setattr(gpu, "init", touched)
     monkeypatch.setattr(gpu, "device_info", touched)
+    monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
 
 
 def supported_square(v) -> Conv2dProblem:
@@ -362,3 +363,19 @@ def test_prepare_refuses_aliasing_outputs(stand_in_gpu):
     with pytest.raises(ValueError, match="y overlaps x in memory"):
         prepare(v, p, x, w, out=x)
     prepare(v, p, x, w, out=torch.empty(p.y_shape))
+
+
+def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkeypatch):
+    """The public `supports` gives the launch path's answer: the GPU's opt-in limit, or without a
+    GPU the 48 KB every GPU allows, named as assumed in the refusal."""
+    v = get("igemm_pipelined")
+    p = Conv2dProblem(N=8, C=64, H=56, W=56, K=256, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    need = v.launch(p).shared_bytes
+    assert need > 48 * 1024  # the rule's tile for this layer opts into more than 48 KB
+    monkeypatch.setattr(gpu, "has_gpu", lambda: False)
+    reason = v.supports(p)
+    assert reason is not None and f"needs {need} B" in reason and "assumed without a GPU" in reason
+    monkeypatch.setattr(gpu, "has_gpu", lambda: True)
+    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
+    assert v.supports(p) is None
+    assert v.supports(p, smem_limit=48 * 1024).endswith(f"the limit is {48 * 1024} B")  # an explicit limit: no note
