@@ -251,7 +251,10 @@ def _default_smem_limit() -> tuple[int, str]:
     from . import gpu
 
     if gpu.has_gpu():
-        return gpu.device_info().smem_per_block_optin, ""
+        try:
+            return gpu.device_info().smem_per_block_optin, ""
+        except gpu.NoGPUError:  # a GPU torch sees, but no pycuda to ask: as without one
+            pass
     return DEFAULT_SMEM_LIMIT, (" (assumed without a GPU: every GPU allows 48 KB; on one, `supports` and `prepare` "
                                 "use its opt-in limit; pass smem_limit= to ask for another)")  # fmt: skip
 
