@@ -69,7 +69,10 @@ def execute(path: Path, timeout: int, kernel: str):
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    nb = nbformat.read(path, as_version=4)
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:  # noqa: BLE001 - not JSON (e.g. merge-conflict markers), not a notebook, unreadable
+        return None, f"cannot read {path.name} as a notebook: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     client = NotebookClient(
         nb,
         timeout=timeout,

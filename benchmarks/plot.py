@@ -15,13 +15,20 @@ def redraw(csv: Path) -> Path:
 
     Raises:
         FileNotFoundError: no such CSV.
+        IsADirectoryError: ``csv`` is a folder.
         KeyError: the CSV lacks the columns ``python -m benchmarks`` writes.
+        ValueError: the CSV is empty or has no timed row.
     """
     import pandas as pd
 
     from helpers.plots import plot_bench
 
-    df = pd.read_csv(csv)
+    try:
+        df = pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{csv} is empty") from None
+    if df.empty:
+        raise ValueError(f"{csv} has a header but no rows")
     prec = df["cudnn_fp32_precision"].iloc[0] if "cudnn_fp32_precision" in df else "?"
     fig = plot_bench(df, f"{df['suite'].iloc[0]} on {df['gpu'].iloc[0]} (cuDNN fp32 precision: {prec})")
     out = csv.with_suffix(".png")
@@ -42,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             print("wrote", redraw(p))
         except FileNotFoundError:
             print(f"python -m benchmarks.plot: no such file: {p}", file=sys.stderr)
+            return 2
+        except IsADirectoryError:
+            print(f"python -m benchmarks.plot: {p} is a folder; give the CSV files in it", file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"python -m benchmarks.plot: {e}", file=sys.stderr)
             return 2
         except KeyError as e:
             print(f"python -m benchmarks.plot: {p} lacks the column {e} that python -m benchmarks writes",

@@ -198,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if README.md is out of date")
     ap.add_argument("--readme", type=Path, default=README, help="the README to update (default: ./README.md)")
     args = ap.parse_args(argv)
-    old = args.readme.read_text()
-    new = render_readme(old)
+    try:
+        old = args.readme.read_text()
+        new = render_readme(old)
+    except (OSError, ValueError) as e:  # missing file, a folder, markers missing or out of order
+        print(f"python -m benchmarks.readme_table: {args.readme}: {e}", file=sys.stderr)
+        return 2
     if args.check:
         if new != old:
             print(f"{args.readme} is stale: run python -m benchmarks.readme_table", file=sys.stderr)

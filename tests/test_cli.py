@@ -95,3 +95,54 @@ def test_default_variants_follow_dtype_and_layout():
     assert {v.name for v in default_variants(parse_args(["--dtype", "fp32"]))} == {
         v.name for v in all_variants() if "NCHW" in v.layouts and "fp32" in v.dtypes
     }
+
+
+@pytest.mark.parametrize(
+    "content, message", [("", "is empty"), ("variant,problem\n", "has a header but no rows"), (None, "is a folder")]
+)
+def test_plot_bad_csv_is_a_message_not_a_traceback(tmp_path: Path, capsys, content, message):
+    from benchmarks.plot import main as plot_main
+
+    target = tmp_path / "r.csv"
+    if content is None:
+        target = tmp_path
+    else:
+        target.write_text(content)
+    assert plot_main([str(target)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_readme_table_without_markers_is_a_message(tmp_path: Path, capsys):
+    from benchmarks.readme_table import main as rt_main
+
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    assert rt_main(["--check", "--readme", str(readme)]) == 2
+    assert "must contain <!-- curriculum:start -->" in capsys.readouterr().err
+    assert rt_main(["--check", "--readme", str(tmp_path / "missing.md")]) == 2
+
+
+def test_notebooks_go_on_past_a_file_that_is_no_notebook(tmp_path: Path, capsys):
+    """A non-JSON file (merge-conflict markers) fails by itself; the notebooks after it still run."""
+    from benchmarks import notebooks as nbrun
+
+    bad = tmp_path / "day_98_bad.ipynb"
+    bad.write_text('{"cells": [\n<<<<<<< HEAD\n]}\n')
+    also_bad = tmp_path / "README.md"
+    also_bad.write_text("# not a notebook\n")
+    ran = []
+    real = nbrun.execute
+
+    def spy(path, timeout, kernel):
+        ran.append(path.name)
+        return real(path, timeout, kernel)
+
+    nbrun.execute, saved = spy, nbrun.execute
+    try:
+        assert nbrun.main([str(bad), str(also_bad)]) == 1
+    finally:
+        nbrun.execute = saved
+    err = capsys.readouterr().err
+    assert ran == ["day_98_bad.ipynb", "README.md"]
+    assert "cannot read day_98_bad.ipynb as a notebook: NotJSONError" in err and "2 notebook(s) failed" in err
+    assert bad.read_text().startswith('{"cells": [\n<<<<<<<')  # left as it was
