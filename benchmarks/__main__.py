@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
         return 2
+    if not vs:
+        takes = sorted({f"{d} {layout}" for v in variants.all_variants() for d in v.dtypes for layout in v.layouts})
+        print(f"python -m benchmarks: no variant takes {args.dtype or 'fp32'} {args.layout or 'NCHW'}; "
+              f"the variants take: {', '.join(takes)} (e.g. --dtype fp16 --layout NHWC)", file=sys.stderr)  # fmt: skip
+        return 2
 
     if not gpu.has_gpu():
         print(

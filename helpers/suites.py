@@ -88,6 +88,14 @@ def edge() -> list[P]:
         P(N=1, C=2, H=10, W=10, K=3, R=3, S=3, stride=4),  # (H + 2pad - R) % stride != 0
         P(N=2, C=4, H=15, W=14, K=6, R=3, S=3, padding=2, dilation=2),  # dilation
         P(N=2, C=6, H=12, W=13, K=6, R=3, S=3, padding=1, groups=3),  # groups
+        # grouped, strided and dilated differently per axis
+        P(N=2, C=6, H=9, W=14, K=9, R=3, S=5, padding=(1, 2), stride=(2, 3), dilation=(2, 1), groups=3),
+        P(N=1, C=3, H=10, W=7, K=6, R=3, S=3, padding=1, groups=3),  # grouped, channel multiplier 2
+        P(N=2, C=6, H=13, W=11, K=6, R=3, S=3, padding=1, stride=2, groups=6),  # depthwise, odd non-square, stride 2
+        P(N=1, C=5, H=17, W=9, K=5, R=5, S=5, padding=2, groups=5),  # depthwise 5x5
+        # depthwise, column stride 3 and column dilation (the general row path of 07_depthwise.cu)
+        P(N=1, C=4, H=12, W=19, K=4, R=3, S=3, padding=(1, 2), stride=(1, 3), dilation=(1, 2), groups=4),
+        P(N=2, C=3, H=11, W=10, K=3, R=3, S=3, padding=2, dilation=(2, 1), groups=3),  # depthwise, row dilation
         _same(1, 7, 3, 33, 31),  # C = 1, K = 7
         _same(45, 33, 3, 19, 21),  # C = 45, K = 33 (not a multiple of any tile)
         _same(3, 16, 7, 24, 40, N=3),  # N > 1

@@ -146,3 +146,9 @@ def test_notebooks_go_on_past_a_file_that_is_no_notebook(tmp_path: Path, capsys)
     assert ran == ["day_98_bad.ipynb", "README.md"]
     assert "cannot read day_98_bad.ipynb as a notebook: NotJSONError" in err and "2 notebook(s) failed" in err
     assert bad.read_text().startswith('{"cells": [\n<<<<<<<')  # left as it was
+
+
+def test_a_dtype_no_variant_takes_exits_2_with_what_they_take():
+    r = bench_cli("--dtype", "fp16")
+    assert r.returncode == 2
+    assert "no variant takes fp16 NCHW" in r.stderr and "fp16 NHWC" in r.stderr and "Traceback" not in r.stderr
