@@ -16,7 +16,15 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import MAX_GRID, LaunchConfig, Variant, register
 
-from .kit import NCHW_SIZES, cdiv, grid_stride_counts, same_conv_reason, single_kernel
+from .kit import (
+    NCHW_SIZES,
+    cdiv,
+    grid_stride_counts,
+    input_reach_reason,
+    same_conv_reason,
+    single_kernel,
+    tap_offset_reason,
+)
 
 NAIVE_BLOCK = (32, 8, 1)
 
@@ -24,6 +32,14 @@ NAIVE_BLOCK = (32, 8, 1)
 def naive_launch(p: Conv2dProblem) -> LaunchConfig:
     bx, by, _ = NAIVE_BLOCK
     return LaunchConfig(grid=(cdiv(p.Q, bx), min(cdiv(p.N * p.P, by), MAX_GRID[1]), 1), block=NAIVE_BLOCK)
+
+
+def naive_supports(p: Conv2dProblem) -> str | None:
+    """The claim of days 01-06 (`days.kit.same_conv_reason`), within the kernel's 32-bit ints: the
+    input coordinates p - pad_h + r and q - pad_w + s (`days.kit.input_reach_reason`; the flat
+    row loop is 64-bit) and the filter offset r*S + s of the taps inside the image, the only ones
+    it is formed for (`days.kit.tap_offset_reason`)."""
+    return same_conv_reason(p) or input_reach_reason(p) or tap_offset_reason(p, every_tap=False)
 
 
 def naive_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
@@ -43,7 +59,7 @@ register(
         day=1,
         cu_file="01_naive.cu",
         summary="one thread per output pixel, all K channels in a loop, everything from global memory",
-        supports_fn=same_conv_reason,
+        supports_fn=naive_supports,
         launches_fn=single_kernel("conv2d_naive", naive_launch, f"x w y {NCHW_SIZES}"),
         covers_fn=naive_covers,
     )

@@ -3,8 +3,8 @@
 Days 03-05 all compute one TILE x TILE square of output pixels per block, for one (image, output
 channel) plane picked by blockIdx.z, and loop over row tiles (blockIdx.y) and planes
 (blockIdx.z) with block-uniform grid-stride loops, so grids are capped at 65,535 in y and z.
-This module holds that shared tiling (`tile_grid`, `tile_writes`, `window_bytes`), which days
-04 and 05 build on.
+This module holds that shared tiling (`tile_grid`, `tile_writes`, `window_bytes`) and its
+32-bit limits (`tiled_int32_reason`), which days 04 and 05 build on.
 
 The ``covers`` models list, per grid axis, the tiles the blocks visit and the output offsets the
 computing threads of a tile write, and count the writes to every output element. The axes are
@@ -18,7 +18,16 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import MAX_GRID, LaunchConfig, Variant, register
 
-from .kit import NCHW_SIZES, cdiv, grid_stride_counts, same_conv_reason, single_kernel
+from .kit import (
+    NCHW_SIZES,
+    cdiv,
+    ceil_div_reason,
+    grid_stride_counts,
+    input_reach_reason,
+    same_conv_reason,
+    single_kernel,
+    tap_offset_reason,
+)
 
 TILE = 16  # output tile side for days 03-05; passed to the kernels as -DTILE
 
@@ -62,6 +71,22 @@ def window_bytes(p: Conv2dProblem, tile: int) -> int:
     return (tile + p.R - 1) * (tile + p.S - 1) * 4
 
 
+def tiled_int32_reason(p: Conv2dProblem, tile: int = TILE) -> str | None:
+    """The 32-bit ints of the day 03-05 tiling: ``tiles_y = CEIL_DIV(H, TILE)`` (H + TILE - 1
+    must fit, or the count wraps negative and no row tile runs) and the input coordinates of every
+    row and column of the tiles, the last partial tile included (its threads past the image still
+    load and compute). None, or the reason."""
+    return ceil_div_reason("tiles_y", p.H, tile) or input_reach_reason(
+        p, rows=cdiv(p.P, tile) * tile, cols=cdiv(p.Q, tile) * tile
+    )
+
+
+def shared_supports(p: Conv2dProblem, tile: int = TILE) -> str | None:
+    """The claim of days 01-06 within `tiled_int32_reason`, and the filter offset r*S + s,
+    which this kernel forms for every tap, padding included."""
+    return same_conv_reason(p) or tiled_int32_reason(p, tile) or tap_offset_reason(p, every_tap=True)
+
+
 def shared_launch(p: Conv2dProblem, tile: int = TILE) -> LaunchConfig:
     """Block (tile, tile); the tile is a static ``__shared__`` array, so no dynamic bytes."""
     return LaunchConfig(grid=tile_grid(p, tile), block=(tile, tile, 1))
@@ -79,7 +104,7 @@ register(
         cu_file="03_shared.cu",
         summary="the block's TILE x TILE input tile in shared memory, one channel at a time; "
         "halo taps read from global memory",
-        supports_fn=same_conv_reason,
+        supports_fn=shared_supports,
         launches_fn=single_kernel("conv2d_shared", shared_launch, f"x w y {NCHW_SIZES}"),
         covers_fn=one_thread_per_output_covers,
         defines={"TILE": TILE},

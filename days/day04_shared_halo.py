@@ -13,15 +13,16 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import MAX_THREADS_PER_BLOCK, LaunchConfig, Variant, register
 
-from .day03_shared import TILE, one_thread_per_output_covers, tile_grid, tile_writes, window_bytes
+from .day03_shared import TILE, one_thread_per_output_covers, tile_grid, tile_writes, tiled_int32_reason, window_bytes
 from .kit import NCHW_SIZES, same_conv_reason, single_kernel
 
 # ---- (a) shared_halo_threads: one thread per input pixel of tile + halo ------------------------
 
 
 def halo_threads_supports(p: Conv2dProblem, tile: int = TILE) -> str | None:
-    """Same conv, and a (tile + S - 1) x (tile + R - 1) block of at most 1024 threads."""
-    reason = same_conv_reason(p)
+    """Same conv within the tiling's 32-bit ints (`days.day03_shared.tiled_int32_reason`), and a
+    (tile + S - 1) x (tile + R - 1) block of at most 1024 threads."""
+    reason = same_conv_reason(p) or tiled_int32_reason(p, tile)
     if reason:
         return reason
     bx, by = tile + p.S - 1, tile + p.R - 1
@@ -68,6 +69,12 @@ register(
 # ---- (b) shared_halo_strided: output-sized block, strided cooperative load ---------------------
 
 
+def halo_strided_supports(p: Conv2dProblem, tile: int = TILE) -> str | None:
+    """Same conv within the tiling's 32-bit ints (`days.day03_shared.tiled_int32_reason`); the
+    window's shared memory (whose size also bounds R*S) is checked by `Variant.supports`."""
+    return same_conv_reason(p) or tiled_int32_reason(p, tile)
+
+
 def halo_strided_launch(p: Conv2dProblem, tile: int = TILE) -> LaunchConfig:
     """Block (tile, tile); dynamic shared memory for the (tile + R - 1) x (tile + S - 1) window.
 
@@ -83,7 +90,7 @@ register(
         cu_file="04_shared_halo_strided.cu",
         summary="tile plus halo in shared memory, loaded by the TILE x TILE output threads "
         "in a strided cooperative loop; every thread computes",
-        supports_fn=same_conv_reason,
+        supports_fn=halo_strided_supports,
         launches_fn=single_kernel("conv2d_shared_halo_strided", halo_strided_launch, f"x w y {NCHW_SIZES}"),
         covers_fn=one_thread_per_output_covers,
         defines={"TILE": TILE},

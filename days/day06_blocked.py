@@ -18,7 +18,16 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, MAX_GRID, LaunchConfig, Variant, register
 
-from .kit import cdiv, gemm_writes, grid_stride_counts, same_conv_reason, single_kernel
+from .kit import (
+    cdiv,
+    ceil_div_reason,
+    gemm_writes,
+    grid_stride_counts,
+    input_reach_reason,
+    same_conv_reason,
+    single_kernel,
+    stride_loop_reason,
+)
 
 BLOCKED_DEFINES = {"BY": 8, "PT": 4}  # the defaults documented in the .cu
 BLOCKED_FILTERS = (1, 3, 5, 7, 9)
@@ -69,6 +78,10 @@ def default_gemm_bm(p: Conv2dProblem) -> int:
 
 
 def blocked_supports(p: Conv2dProblem, defines: dict = BLOCKED_DEFINES, kt_rule=default_kt) -> str | None:
+    """The claim of days 01-06 with a square filter of `BLOCKED_FILTERS`, within the kernels'
+    32-bit ints. The GEMM tile (1x1, K >= 32): filter offsets up to K*C and its image loop. The
+    direct entries: the channel-stage loop, ``k_tiles = CEIL_DIV(K, TK)``, the row-tile loop
+    (the last tile's start plus gridDim.y * TP must fit) and the input coordinates of the tiles."""
     reason = same_conv_reason(p)
     if reason:
         return reason
@@ -77,11 +90,20 @@ def blocked_supports(p: Conv2dProblem, defines: dict = BLOCKED_DEFINES, kt_rule=
     if uses_gemm_tile(p):
         if p.K * p.C > INT32_MAX:
             return f"the 1x1 GEMM tile indexes the filter with 32-bit offsets; K*C = {p.K * p.C} is too large"
-        return None
+        # the image loop: for (int n = blockIdx.z; n < N; n += gridDim.z)
+        return stride_loop_reason("gridDim.z", p.N - 1, min(p.N, MAX_GRID[2]), "n")
     cc = stage_channels(p, defines, prefetches(p, defines, kt_rule))
     if p.C - 1 + cc > INT32_MAX:  # the int stage loop, c0 += CC while c0 < C, must not wrap
         return f"C = {p.C} is within one stage ({cc} channels) of INT32_MAX: the kernel's 32-bit channel loop wraps"
-    return None
+    # k_tiles = CEIL_DIV(K, TK); the row loop for (int p0 = blockIdx.y * TP; p0 < P; p0 += gridDim.y * TP);
+    # the input coordinates of every row of the row tiles and every column of the 32-wide column tiles.
+    tp, tk = _tile(p, defines, kt_rule)
+    row_tiles = cdiv(p.P, tp)
+    return (
+        ceil_div_reason("k_tiles", p.K, tk)
+        or stride_loop_reason(f"gridDim.y*TP (TP = {tp})", (row_tiles - 1) * tp, min(row_tiles, MAX_GRID[1]) * tp, "p0")
+        or input_reach_reason(p, rows=row_tiles * tp, cols=cdiv(p.Q, TQ) * TQ)
+    )
 
 
 def _tile(p: Conv2dProblem, defines: dict, kt_rule) -> tuple[int, int]:

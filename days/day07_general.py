@@ -18,9 +18,19 @@ from __future__ import annotations
 import numpy as np
 
 from helpers.problem import Conv2dProblem
-from helpers.variants import MAX_GRID, LaunchConfig, Variant, register
+from helpers.variants import INT32_MAX, MAX_GRID, LaunchConfig, Variant, register
 
-from .kit import FULL_SIZES, cdiv, grid_stride_items, pack, single_kernel
+from .kit import (
+    FULL_SIZES,
+    cdiv,
+    ceil_div_reason,
+    grid_stride_items,
+    input_reach_reason,
+    int32_reason,
+    pack,
+    single_kernel,
+    stride_loop_reason,
+)
 
 
 def _round4(v: int) -> int:
@@ -41,6 +51,35 @@ def general_launch(p: Conv2dProblem) -> LaunchConfig:
     kblocks = cdiv(p.K // p.groups, d["GEN_KPT"])
     grid = (cdiv(m, d["GEN_BLOCK"] * d["GEN_PPT"]), 1, min(p.groups * kblocks, MAX_GRID[2]))
     return LaunchConfig(grid=grid, block=(d["GEN_BLOCK"], 1, 1))
+
+
+def general_supports(p: Conv2dProblem) -> str | None:
+    """Every problem (the dtype/layout checks live in `Variant.supports`) within the kernel's
+    32-bit ints: ``int CRS = Cg*R*S`` and the tap-round loop ``j0 += GEN_TAPS`` over it;
+    ``kblocks = CEIL_DIV(K/groups, GEN_KPT)`` and the channel-block loop ``gk += gridDim.z`` over
+    groups * kblocks; the input coordinates p*sh - ph + r*dh and q*sw - pw + s*dw; and hb + r*dh
+    of the threads past the last pixel, whose hb is H. None, or the reason."""
+    d = GEN_DEFINES
+    crs = p.C_per_group * p.R * p.S
+    taps = d["GEN_TAPS"]
+    if crs > INT32_MAX:
+        wrapped = (crs + 2**31) % 2**32 - 2**31
+        return int32_reason("CRS = Cg*R*S", crs, f"the taps per output; it wraps to {wrapped}")
+    reason = stride_loop_reason("GEN_TAPS", (cdiv(crs, taps) - 1) * taps, taps, "j0")
+    if reason:
+        return reason
+    kg = p.K // p.groups
+    reason = ceil_div_reason("kblocks", kg, d["GEN_KPT"])
+    if reason:
+        return reason
+    gk = p.groups * cdiv(kg, d["GEN_KPT"])
+    reason = stride_loop_reason("gridDim.z", gk - 1, min(gk, MAX_GRID[2]), "gk") or input_reach_reason(p)
+    if reason:
+        return reason
+    if (p.N * p.P * p.Q) % (d["GEN_BLOCK"] * d["GEN_PPT"]) and p.R > 1:  # threads past the last pixel exist
+        return int32_reason("hb + r*dh with hb = H (a thread past the last pixel)",
+                            p.H + (p.R - 1) * p.dilation[0], "its row test")  # fmt: skip
+    return None
 
 
 def general_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
@@ -68,7 +107,7 @@ register(
         cu_file="07_general.cu",
         summary="every conv2d option (batch, stride, padding, dilation, any filter, groups); "
         "4 pixels x 8 output channels per thread, filters staged in shared memory",
-        supports_fn=lambda p: None,  # every problem: the dtype/layout checks live in `Variant.supports`
+        supports_fn=general_supports,
         launches_fn=single_kernel("conv2d_general", general_launch, f"x w y {FULL_SIZES} groups"),
         covers_fn=general_covers,
         defines=dict(GEN_DEFINES),
@@ -157,6 +196,44 @@ def depthwise_supports(p: Conv2dProblem) -> str | None:
             f"even for {tp} output row(s) x {g['TQ']} columns ({g['smem']} B of shared memory); the kernel "
             f"allows {DW_SMEM_MAX} B and rows of at most {4 * (DW_DEFINES['DW_BLOCK'] - 1)} columns"
         )
+    return depthwise_int32_reason(p, pl, tp, g)
+
+
+def depthwise_int32_reason(p: Conv2dProblem, pl: int, tp: int, g: dict) -> str | None:
+    """The depthwise kernel's 32-bit ints for the tile of `dw_config` (``pl`` planes, ``tp`` rows,
+    geometry ``g`` from `dw_geometry`): ``CT = CEIL_DIV(Q, TQ)`` and ``ST = CEIL_DIV(P, TP)``;
+    the input rows h0 + i (i < TH) of the last strip and the columns of the last column tile's
+    4-column chunks (``(w0 + TW - 1) >> 2``, up to ``wc + 3``), with the products p0*sh, q0*sw;
+    the row step ``dh * pitch``; and the filter channel ``(c0 + pl) % C`` of a block whose planes
+    run into the next image (c0 + pl can reach 2^31 when C + PL - 2 > INT32_MAX). None, or the
+    reason."""
+    tq = g["TQ"]
+    reason = ceil_div_reason("CT", p.Q, tq) or ceil_div_reason("ST", p.P, tp)
+    if reason:
+        return reason
+    (sh, sw), (ph, pw), dh = p.stride, p.padding, p.dilation[0]
+    p0, q0 = (cdiv(p.P, tp) - 1) * tp, (cdiv(p.Q, tq) - 1) * tq  # the last strip's first row, last tile's column
+    w_end = q0 * sw - pw + g["TW"] - 1  # w0 + TW - 1
+    reason = (
+        int32_reason("the last strip's input row p0*sh - ph + i (i < TH)", max(p0 * sh, p0 * sh - ph + g["TH"] - 1),
+                     "the tile fill's rows")
+        or int32_reason("the last column tile's input column: q0*sw, then (w0 + TW - 1) and its chunks up to wc + 3",
+                        max(q0 * sw, w_end // 4 * 4 + 3), "the chunk count n_ch would go negative: no fill")
+        or int32_reason("the row step dh*pitch", dh * (g["TW"] + 8), "the filter-row step in the tile")
+    )  # fmt: skip
+    if reason:
+        return reason
+    if p.N > 1 and p.C + pl - 2 > INT32_MAX:
+        # Block planes nc0 .. nc0 + npl - 1 take channels (c0 + pl) % C, c0 = nc0 % C: the value 2^31 is
+        # reached at plane n*C + 2^31 (in image n + 1) when the block holding it starts in image n, i.e.
+        # when (n*C + 2^31) % PL > 2^31 - C; periodic in n with a period dividing PL.
+        for n in range(min(p.N - 1, pl)):
+            if (n * p.C + 2**31) % pl > 2**31 - p.C:
+                return int32_reason(
+                    f"the filter channel c0 + pl of a block of PL = {pl} planes from image {n} into {n + 1}",
+                    2**31,
+                    "(c0 + pl) % C would be negative: a weight read before w",
+                )
     return None
 
 

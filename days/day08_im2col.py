@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, MAX_GRID, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
-from .kit import cdiv, chunks16, gemm_writes, grid_stride_counts, grid_stride_items, pack
+from .kit import cdiv, chunks16, gemm_writes, grid_stride_counts, grid_stride_items, input_reach_reason, pack
 
 IM2COL_DEFINES = {"IM2COL_BLOCK": 256}
 GEMM_BM, GEMM_BK, GEMM_THREADS = 128, 8, 256  # the .cu's fixed tile; BN is 128 or 64 (two entries)
@@ -117,7 +117,8 @@ def im2col_launches(p: Conv2dProblem, epilogue=None) -> list[KernelLaunch]:
 
 
 def im2col_supports(p: Conv2dProblem) -> str | None:
-    """groups = 1, and a lowered matrix within `WORKSPACE_CAP` and the kernels' index ranges."""
+    """groups = 1, and a lowered matrix within `WORKSPACE_CAP` and the kernels' index ranges; the
+    input coordinates im2col_nhwc forms in int (`days.kit.input_reach_reason`)."""
     if p.groups != 1:
         return (
             f"needs groups=1; got {p.groups} (a grouped convolution is {p.groups} separate GEMMs; "
@@ -135,7 +136,7 @@ def im2col_supports(p: Conv2dProblem) -> str | None:
     for nm, val in (("GEMM-M = N*P*Q", m), ("GEMM-N = K", p.K), ("GEMM-K = R*S*C", gk)):
         if val > MAX_GEMM_DIM:
             return f"{nm} = {val:,} is over {MAX_GEMM_DIM:,}, the SGEMM's int32 tile arithmetic"
-    return None
+    return input_reach_reason(p)  # im2col_nhwc's int h = p*sh - ph + r*dh, w = q*sw - pw + s*dw
 
 
 def workspace_bytes(p: Conv2dProblem) -> int:

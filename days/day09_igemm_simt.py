@@ -34,6 +34,7 @@ from .kit import (
     gemm_writes,
     groups_one_reason,
     implicit_gemm_int32_reason,
+    input_reach_reason,
     single_kernel,
     tile_visits,
 )
@@ -66,9 +67,11 @@ class Tile:
 
 
 def igemm_supports(p: Conv2dProblem) -> str | None:
-    """What both day-09 kernels (and day 11's) take: groups = 1 (any stride, padding, dilation,
-    filter, C, K), within their 32-bit index arithmetic (`days.kit.implicit_gemm_int32_reason`)."""
-    return groups_one_reason(p) or implicit_gemm_int32_reason(p)
+    """What both day-09 kernels (and days 10 and 11) take: groups = 1 (any stride, padding,
+    dilation, filter, C, K), within their 32-bit index arithmetic
+    (`days.kit.implicit_gemm_int32_reason`) and 32-bit input coordinates h0 + r*dh, w0 + s*dw
+    with h0 = p*sh - ph, w0 = q*sw - pw (`days.kit.input_reach_reason`)."""
+    return groups_one_reason(p) or implicit_gemm_int32_reason(p) or input_reach_reason(p)
 
 
 # The tile rule, from the tile sweep over the ResNet-50 layers at N = 32 and 256 on the H200

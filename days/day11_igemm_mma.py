@@ -18,9 +18,10 @@ from helpers.problem import Conv2dProblem
 from helpers.variants import LaunchConfig, Variant, register
 
 from .day09_igemm_simt import Tile, igemm_supports, tile_covers, vec_path
-from .kit import FULL_SIZES, TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, single_kernel
+from .kit import FULL_SIZES, TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, input_reach_reason, single_kernel
 
-MMA_TILE = (128, 128)  # BM x BN of 11_igemm_mma.cu (BK = 32)
+MMA_TILE = (128, 128)  # BM x BN of 11_igemm_mma.cu
+KB = 32  # GEMM-K per step
 MMA_THREADS = 256
 
 
@@ -31,6 +32,18 @@ def _mma_entry(p: Conv2dProblem) -> str:
 def _mma_launch(p: Conv2dProblem) -> LaunchConfig:
     bm, bn = MMA_TILE
     return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.K, bn), 1), block=(MMA_THREADS, 1, 1))
+
+
+def mma_supports(p: Conv2dProblem) -> str | None:
+    """Day 09's claim (`days.day09_igemm_simt.igemm_supports`). The scalar path (C % 8 != 0) walks
+    GEMM-K in flat steps of 32 and decodes rr = kg / (S*C) for every lane of the last step, past
+    GEMM-K too (those loads are masked), then forms h0 + rr*dh: the input rows are checked up to
+    that rr. None, or the reason."""
+    reason = igemm_supports(p)
+    if reason or vec_path(p):
+        return reason
+    kg_last = cdiv(p.R * p.S * p.C, KB) * KB - 1  # the last step's last lane, kg0 + 8*3 + 7
+    return input_reach_reason(p, taps_r=kg_last // (p.S * p.C) + 1)
 
 
 def tensor_core_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
@@ -49,7 +62,7 @@ register(
         day=11,
         cu_file="11_igemm_mma.cu",
         summary="tensor cores: mma.sync m16n8k16 + ldmatrix, swizzled smem, 128x128x32 tile, register double buffering",
-        supports_fn=igemm_supports,
+        supports_fn=mma_supports,
         launches_fn=single_kernel(_mma_entry, _mma_launch, f"x w y {FULL_SIZES} groups"),
         covers_fn=lambda p, cfg: tile_covers(p, cfg, Tile(*MMA_TILE)),
         dtypes=("fp16", "bf16"),

@@ -10,7 +10,12 @@
   a block stores);
 * claims and requirements: `same_conv_reason` (days 01-06), `groups_one_reason`,
   `implicit_gemm_int32_reason` (days 09-12), `chunks16` (16-byte vector paths) and
-  `alignment_reason` (pointers the vector paths need aligned).
+  `alignment_reason` (pointers the vector paths need aligned);
+* the kernels' 32-bit arithmetic, refused before a launch rather than wrapped in it:
+  `int32_reason` (a product or sum in ``int``), `ceil_div_reason` (``CEIL_DIV`` of a size),
+  `stride_loop_reason` (an ``int`` grid-stride loop), `axis_reach` and `input_reach_reason`
+  (the input coordinate ``p*stride - pad + r*dilation``), `tap_offset_reason` (the filter
+  offset ``r*S + s`` of days 01-03).
 
 A day module imports `helpers` (the core) and this kit, and an earlier day only through its
 public names.
@@ -229,3 +234,88 @@ def alignment_reason(tensors: dict, need: dict[str, int], why: str) -> str | Non
                 f"need it: pass {nm}.clone()"
             )
     return None
+
+
+# ---- the kernels' 32-bit arithmetic ------------------------------------------------------------
+# `Variant.supports` refuses any single size past INT32_MAX; these refuse the int *expressions*
+# of a kernel (products, CEIL_DIV, loop increments, input coordinates) that would pass it. Each
+# names the expression and its value. `tests/test_int32_guards.py` emulates the kernels' int
+# arithmetic on both sides of every limit.
+
+
+def int32_reason(expr: str, value: int, why: str) -> str | None:
+    """None if the kernel's ``int`` expression ``expr`` (its largest value: ``value``) fits, else
+    the reason, with ``why`` (what the expression is, or what its wrapping breaks)."""
+    if value <= INT32_MAX:
+        return None
+    return f"{expr} = {value} is past INT32_MAX = {INT32_MAX} in the kernel's 32-bit int ({why})"
+
+
+def ceil_div_reason(expr: str, a: int, b: int) -> str | None:
+    """``expr = CEIL_DIV(a, b)`` is ``(a + b - 1) / b`` in ``int``: None if ``a + b - 1`` fits,
+    else the reason (the sum wraps negative, and so does the count: a loop up to it runs no
+    iteration, a decode by it goes wrong)."""
+    if a + b - 1 <= INT32_MAX:
+        return None
+    return (
+        f"{expr} = CEIL_DIV({a}, {b}) forms {a} + {b - 1} = {a + b - 1} in 32 bits, past INT32_MAX = "
+        f"{INT32_MAX}: the count wraps negative"
+    )
+
+
+def stride_loop_reason(step_expr: str, last: int, step: int, loop: str) -> str | None:
+    """An ``int`` grid-stride loop ``for (i = start; i < n; i += step)``: the largest index it
+    runs (``last``) plus ``step`` is formed in 32 bits and must fit; past INT32_MAX it wraps to a
+    negative index that passes ``i < n``. None, or the reason (``step_expr`` names the step)."""
+    if last + step <= INT32_MAX:
+        return None
+    return (
+        f"{loop} + {step_expr} = {last} + {step} = {last + step} wraps the kernel's 32-bit {loop} loop "
+        f"(past INT32_MAX = {INT32_MAX}): the index goes negative, still passes the loop test, and the loop "
+        "runs on at negative offsets"
+    )
+
+
+def axis_reach(n_out: int, stride: int, pad: int, taps: int, dil: int) -> int:
+    """The largest value of the int expression ``p*stride - pad + r*dil`` and of its parts
+    ``p*stride`` and ``r*dil`` over output indices p < ``n_out`` and taps r < ``taps`` (what a
+    kernel forms before its bounds test; the smallest, -pad, always fits)."""
+    top, tap = (n_out - 1) * stride, (taps - 1) * dil
+    return max(top, tap, top - pad + tap)
+
+
+def input_reach_reason(
+    p: Conv2dProblem, rows: int | None = None, cols: int | None = None, taps_r: int | None = None
+) -> str | None:
+    """The input row ``p*sh - ph + r*dh`` and column ``q*sw - pw + s*dw`` a kernel computes in
+    ``int`` for its output rows p < ``rows`` (default P; a tiled kernel also runs the rows of its
+    last, partial tile), columns q < ``cols`` (default Q) and filter rows r < ``taps_r``
+    (default R): None if every value fits (`axis_reach`), else the reason. Past INT32_MAX the
+    coordinate is a signed overflow (undefined behaviour in CUDA C++), whatever the bounds test
+    after it would make of the wrapped value."""
+    rows = p.P if rows is None else rows
+    cols = p.Q if cols is None else cols
+    taps_r = p.R if taps_r is None else taps_r
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    for expr, n, st, pad, taps, dil, tap in (
+        ("p*sh - ph + r*dh", rows, sh, ph, taps_r, dh, "r"), ("q*sw - pw + s*dw", cols, sw, pw, p.S, dw, "s")
+    ):  # fmt: skip
+        reach = axis_reach(n, st, pad, taps, dil)
+        if reach > INT32_MAX:
+            out = expr[0]
+            return (
+                f"input coordinate {expr} reaches {reach} for {out} < {n}, {tap} < {taps} (stride {st}, padding "
+                f"{pad}, dilation {dil}): past INT32_MAX = {INT32_MAX}, the kernel's 32-bit coordinates"
+            )
+    return None
+
+
+def tap_offset_reason(p: Conv2dProblem, every_tap: bool) -> str | None:
+    """The filter offset ``r*S + s`` that days 01-03 index ``w`` with, an ``int``: up to R*S - 1
+    when the kernel forms it for every tap (``every_tap``), else only for the taps inside the
+    image, up to r = H - 1 + pad_h and s = W - 1 + pad_w ("same" padding). None, or the reason."""
+    r_max, s_max = p.R - 1, p.S - 1
+    if not every_tap:
+        r_max, s_max = min(r_max, p.H - 1 + p.padding[0]), min(s_max, p.W - 1 + p.padding[1])
+    return int32_reason(f"the filter offset r*S + s (r <= {r_max}, s <= {s_max})", r_max * p.S + s_max,
+                        "w would be read at a wrapped, negative offset")  # fmt: skip
