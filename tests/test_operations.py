@@ -264,7 +264,6 @@ def test_dgrad_band_of_rows_no_tap_reaches_is_zero():
     dy, w = p.make_inputs(seed=1)
     band = reference_band(p, p.to_logical(dy), p.to_logical(w), 0, 1, 2, 3)
     assert band.shape == (1, 2, 1, 5) and float(band.abs().max()) == 0
-    assert float(reference_band(p, p.to_logical(dy), p.to_logical(w), 0, 1, 3, 5).abs().min()) >= 0
     assert float(reference_band(p, p.to_logical(dy), p.to_logical(w), 0, 1, 3, 5).abs().max()) > 0
 
 
