@@ -1,4 +1,4 @@
-"""`Conv2dProblem`: one forward convolution (fprop), its output size, cost and GEMM view.
+"""`Conv2dProblem`: one convolution operation (fprop, dgrad or wgrad), its sizes, cost and GEMM view.
 
 Names follow the field (cuDNN, CUTLASS, the implicit-GEMM papers):
 
@@ -7,9 +7,16 @@ Names follow the field (cuDNN, CUTLASS, the implicit-GEMM papers):
 * output ``y``: N images of K channels, P rows, Q columns, where
   ``P = (H + 2·pad_h − dil_h·(R−1) − 1) // stride_h + 1`` (Q likewise, with W, S).
 
-This is ``torch.nn.functional.conv2d`` (a cross-correlation: no filter flip). Layout "NCHW"
-stores x as (N, C, H, W), w as (K, C/g, R, S), y as (N, K, P, Q); "NHWC" stores x as
-(N, H, W, C), w as (K, R, S, C/g) ("KRSC"), y as (N, P, Q, K).
+The forward convolution is ``torch.nn.functional.conv2d`` (a cross-correlation: no filter flip).
+A problem carries one of three operations (``OPS``) on these shapes:
+
+* ``"fprop"``: y = conv(x, w), from inputs (x, w);
+* ``"dgrad"``: dx = ∂L/∂x from (dy, w), the gradient of the loss L with respect to x given
+  dy = ∂L/∂y (``torch.nn.grad.conv2d_input``); dx has x's shape;
+* ``"wgrad"``: dw = ∂L/∂w from (x, dy) (``torch.nn.grad.conv2d_weight``); dw has w's shape.
+
+Layout "NCHW" stores x/dx as (N, C, H, W), w/dw as (K, C/g, R, S), y/dy as (N, K, P, Q); "NHWC"
+stores x/dx as (N, H, W, C), w/dw as (K, R, S, C/g) ("KRSC"), y/dy as (N, P, Q, K).
 """
 
 from __future__ import annotations
@@ -26,6 +33,12 @@ import torch
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 LAYOUTS = ("NCHW", "NHWC")
 OPS = ("fprop", "dgrad", "wgrad")
+_INPUTS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("x", "dy")}
+_OUTPUT = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
+KINDS = ("normal", "int", "cancel")
+# kind="int": the largest magnitude of each input, in `Conv2dProblem.inputs` order; inputs are
+# drawn uniformly from the integers in [-m, m].
+INT_MAX = {"fprop": (3, 2), "dgrad": (3, 2), "wgrad": (3, 1)}
 
 
 def _int(v, what: str) -> int:
@@ -48,7 +61,11 @@ def _pair(v: int | tuple[int, int], what: str) -> tuple[int, int]:
 
 
 class GemmShape(NamedTuple):
-    """The implicit-GEMM view of fprop: GEMM-M = N·P·Q, GEMM-N = K, GEMM-K = C/groups·R·S."""
+    """The implicit-GEMM view of one operation (see `Conv2dProblem.gemm`).
+
+    fprop: GEMM-M = N·P·Q, GEMM-N = K, GEMM-K = C/groups·R·S; dgrad: M = N·H·W, N = C,
+    K = K/groups·R·S; wgrad: M = K, N = C/groups·R·S, K = N·P·Q.
+    """
 
     m: int
     n: int
@@ -57,7 +74,7 @@ class GemmShape(NamedTuple):
 
 @dataclass(frozen=True)
 class Conv2dProblem:
-    """One conv2d forward problem, validated on construction.
+    """One conv2d problem (an operation on one set of shapes), validated on construction.
 
     Args:
         N, C, H, W: batch, input channels, input rows, input columns.
@@ -70,12 +87,13 @@ class Conv2dProblem:
         groups: C and K must both be divisible by it (C = K = groups is depthwise).
         dtype: "fp32", "fp16", "bf16" or "fp64" (inputs and output).
         layout: "NCHW" or "NHWC" (see the module docstring).
+        op: "fprop" (y from x, w), "dgrad" (dx from dy, w) or "wgrad" (dw from x, dy).
         name: a short label for tables; a generated one if empty.
 
     Raises:
         ValueError: a non-positive or non-integer size (bools, floats and strings are refused;
-            numpy integers become ints), channels not divisible by groups, an unknown dtype
-            or layout, or a (dilated) filter larger than the padded image (P or Q < 1).
+            numpy integers become ints), channels not divisible by groups, an unknown dtype,
+            layout or op, or a (dilated) filter larger than the padded image (P or Q < 1).
     """
 
     N: int
@@ -185,24 +203,6 @@ class Conv2dProblem:
         return (self.N, self.K, self.P, self.Q) if self.layout == "NCHW" else (self.N, self.P, self.Q, self.K)
 
     @property
-    def inputs(self) -> tuple[str, str]:
-        """The op's inputs: fprop (x, w), dgrad (dy, w), wgrad (x, dy)."""
-        return {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("x", "dy")}[self.op]
-
-    @property
-    def output(self) -> str:
-        """The op's output: fprop y, dgrad dx, wgrad dw."""
-        return {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}[self.op]
-
-    def tensor_shape(self, name: str) -> tuple[int, int, int, int]:
-        """Shape of tensor ``name`` in this layout: x/dx `x_shape`, w/dw `w_shape`, y/dy `y_shape`."""
-        shapes = {"x": self.x_shape, "dx": self.x_shape, "w": self.w_shape, "dw": self.w_shape,
-                  "y": self.y_shape, "dy": self.y_shape}  # fmt: skip
-        if name not in shapes:
-            raise ValueError(f"no tensor {name!r}; known: {', '.join(shapes)}")
-        return shapes[name]
-
-    @property
     def x_numel(self) -> int:
         return math.prod(self.x_shape)
 
@@ -214,20 +214,92 @@ class Conv2dProblem:
     def y_numel(self) -> int:
         return math.prod(self.y_shape)
 
+    # ---- the operation -----------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[str, str]:
+        """Names of the operation's two inputs, in the order kernels and `make_inputs` take them.
+
+        fprop ("x", "w"), dgrad ("dy", "w"), wgrad ("x", "dy").
+        """
+        return _INPUTS[self.op]
+
+    @property
+    def output(self) -> str:
+        """Name of the operation's output: "y" (fprop), "dx" (dgrad) or "dw" (wgrad)."""
+        return _OUTPUT[self.op]
+
+    def tensor_shape(self, name: str) -> tuple[int, int, int, int]:
+        """Shape of tensor ``name`` in this problem's layout, whatever the operation.
+
+        "x" and "dx" have `x_shape`, "w" and "dw" `w_shape`, "y" and "dy" `y_shape`.
+
+        Raises:
+            ValueError: an unknown name (accepted: x, w, y, dx, dw, dy).
+        """
+        shapes = {"x": self.x_shape, "dx": self.x_shape, "w": self.w_shape, "dw": self.w_shape,
+                  "y": self.y_shape, "dy": self.y_shape}  # fmt: skip
+        if name not in shapes:
+            raise ValueError(f"no tensor {name!r} in a conv2d problem; known: {', '.join(shapes)}")
+        return shapes[name]
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+        """Shapes of the two inputs (`inputs` order), in this problem's layout."""
+        a, b = self.inputs
+        return self.tensor_shape(a), self.tensor_shape(b)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the output (`output`), in this problem's layout."""
+        return self.tensor_shape(self.output)
+
+    @property
+    def reduction_length(self) -> int:
+        """Terms of the dot product behind each output element (the n of the rounding bound).
+
+        fprop: C/groups·R·S; dgrad: K/groups·R·S, an upper bound (with stride or at the image
+        border fewer filter taps reach an input pixel); wgrad: N·P·Q. It equals `gemm`.k.
+        """
+        if self.op == "dgrad":
+            return self.K // self.groups * self.R * self.S
+        if self.op == "wgrad":
+            return self.N * self.P * self.Q
+        return self.C_per_group * self.R * self.S
+
+    # ---- costs -------------------------------------------------------------------------
     @property
     def flops(self) -> int:
-        """Floating-point operations of the direct convolution: 2·N·K·P·Q·(C/groups)·R·S."""
+        """Floating-point operations of the direct convolution: 2·N·K·P·Q·(C/groups)·R·S.
+
+        The same for all three operations: each multiplies every (x or dx, w or dw, y or dy)
+        triple that the forward convolution pairs once.
+        """
         return 2 * self.N * self.K * self.P * self.Q * self.C_per_group * self.R * self.S
 
     @property
     def min_bytes(self) -> int:
-        """Fewest bytes a kernel must move through device memory: x and w read once, y written once."""
+        """Fewest bytes a kernel must move through device memory: two inputs read once, output written once.
+
+        For every operation these are x (or dx), w (or dw) and y (or dy): itemsize·(x + w + y elements).
+        """
         return self.itemsize * (self.x_numel + self.w_numel + self.y_numel)
 
     @property
     def gemm(self) -> GemmShape:
-        """Implicit-GEMM view: M = N·P·Q, N = K, K = C/groups·R·S (per group)."""
-        return GemmShape(self.N * self.P * self.Q, self.K, self.C_per_group * self.R * self.S)
+        """Implicit-GEMM view of the operation (GEMM-N spans all groups, GEMM-K one group).
+
+        * fprop: M = N·P·Q (output pixels), N = K, K = C/groups·R·S; y[m, n] = Σ_k x̂[m, k]·w[n, k];
+        * dgrad: M = N·H·W (input pixels), N = C, K = K/groups·R·S; dx[m, n] = Σ_k dŷ[m, k]·w[k, n],
+          where dŷ gathers, for each (k, r, s), the dy element whose filter tap lands on the pixel
+          (zero where none does: with stride only some taps do);
+        * wgrad: M = K, N = C/groups·R·S, K = N·P·Q; dw[m, n] = Σ_k dy[k, m]·x̂[k, n].
+        """
+        cg, kg = self.C_per_group, self.K // self.groups
+        if self.op == "dgrad":
+            return GemmShape(self.N * self.H * self.W, self.C, kg * self.R * self.S)
+        if self.op == "wgrad":
+            return GemmShape(self.K, cg * self.R * self.S, self.N * self.P * self.Q)
+        return GemmShape(self.N * self.P * self.Q, self.K, cg * self.R * self.S)
 
     @property
     def is_same(self) -> bool:
@@ -241,7 +313,11 @@ class Conv2dProblem:
         )
 
     def label(self) -> str:
-        """A compact, unique-enough description, e.g. ``N1 C3 64x64 K16 3x3 s1 p1``."""
+        """A compact, unique-enough description, e.g. ``N1 C3 64x64 K16 3x3 s1 p1``.
+
+        fprop problems have no prefix (committed results use these labels); dgrad and wgrad
+        problems start with the operation: ``dgrad N1 C3 64x64 K16 3x3 s1 p1``.
+        """
         s = f"N{self.N} C{self.C} {self.H}x{self.W} K{self.K} {self.R}x{self.S}"
         sh, sw = self.stride
         ph, pw = self.padding
@@ -252,7 +328,7 @@ class Conv2dProblem:
             s += f" d{dh}" if dh == dw else f" d{dh},{dw}"
         if self.groups != 1:
             s += f" g{self.groups}"
-        return s
+        return s if self.op == "fprop" else f"{self.op} {s}"
 
     def as_dict(self) -> dict:
         """Flat fields for a DataFrame row (problem columns of `helpers.bench`)."""
@@ -263,52 +339,134 @@ class Conv2dProblem:
             "stride_h": self.stride[0], "stride_w": self.stride[1],
             "pad_h": self.padding[0], "pad_w": self.padding[1],
             "dil_h": self.dilation[0], "dil_w": self.dilation[1],
-            "groups": self.groups, "dtype": self.dtype, "layout": self.layout,
+            "groups": self.groups, "dtype": self.dtype, "layout": self.layout, "op": self.op,
             "gflop": self.flops / 1e9, "min_mb": self.min_bytes / 1e6,
         }  # fmt: skip
 
     # ---- inputs ------------------------------------------------------------------------
+    @property
+    def int_partial_sum_bound(self) -> int:
+        """With ``kind="int"``: the largest magnitude any partial sum of the op's reduction can reach.
+
+        `reduction_length` × the largest magnitudes of the two inputs (`INT_MAX`): each term
+        a_i·b_i is an integer of at most that product, so every partial sum, in any order, is an
+        integer no larger than this. fp32 represents every integer up to 2^24 exactly, so while
+        this stays ≤ 2^24 fp32 accumulation in any order is exact.
+        """
+        ma, mb = INT_MAX[self.op]
+        return self.reduction_length * ma * mb
+
+    def supports_kind(self, kind: str) -> str | None:
+        """``None`` when `make_inputs` can build inputs of ``kind`` for this problem, else why not.
+
+        * ``"int"`` needs `int_partial_sum_bound` ≤ 2^24, i.e. a reduction length of at most
+          2,796,202 for fprop (C/groups·R·S) and dgrad (K/groups·R·S), 5,592,405 for wgrad
+          (N·P·Q);
+        * ``"cancel"`` needs an even C/groups (fprop), an even K/groups (dgrad) or an even N
+          (wgrad): the cancelling pairs.
+        """
+        if kind not in KINDS:
+            return f"kind must be 'normal', 'int' or 'cancel'; got {kind!r}"
+        if kind == "int" and self.int_partial_sum_bound > 2**24:
+            ma, mb = INT_MAX[self.op]
+            a, b = self.inputs
+            return (
+                f"kind='int' is exact in fp32 only while reduction length × {ma} × {mb} <= 2^24 (|{a}| <= {ma}, "
+                f"|{b}| <= {mb}), i.e. a reduction length <= {2**24 // (ma * mb)}; {self.op} here reduces over "
+                f"{self.reduction_length} terms"
+            )
+        if kind == "cancel":
+            need = {"fprop": ("C/groups", self.C_per_group), "dgrad": ("K/groups", self.K // self.groups),
+                    "wgrad": ("N", self.N)}[self.op]  # fmt: skip
+            if need[1] % 2:
+                return f"kind='cancel' for {self.op} needs an even {need[0]} (cancelling pairs); got {need[1]}"
+        return None
+
     def make_inputs(
         self, device: str | torch.device = "cpu", kind: str = "normal", seed: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Seeded inputs ``(x, w)`` in this problem's layout and dtype, contiguous, on ``device``.
+        """Seeded inputs of the operation, in `inputs` order, in this problem's layout and dtype, contiguous.
+
+        fprop gives ``(x, w)``, dgrad ``(dy, w)``, wgrad ``(x, dy)``, with the shapes `input_shapes`,
+        on ``device``. Values are drawn in float32, in logical NCHW/KCRS, first input first, then
+        permuted to the layout and rounded once to the dtype.
 
         kinds:
-          * ``"normal"``: x ~ N(0, 1), w ~ N(0, 1)/sqrt(C/groups·R·S), so outputs stay O(1);
-          * ``"int"``: small integers, x in [-3, 3], w in [-2, 2]. Every product and partial sum
-            is an integer below 2^24 while C/groups·R·S < 2^21, so fp32 accumulation in any
-            order is exact and outputs must equal the reference bit for bit;
-          * ``"cancel"``: normal values, but within each group the second half of the input
-            channels repeats the first and the filter negates it, so every exact output is 0
-            (needs C/groups even).
+          * ``"normal"``, scaled so that outputs stay O(1):
+            fprop x ~ N(0, 1), w ~ N(0, 1)/sqrt(C/groups·R·S);
+            dgrad dy ~ N(0, 1), w ~ N(0, 1)/sqrt(K/groups·R·S) (with stride s_h·s_w, a dx
+            element sums about 1/(s_h·s_w) of those taps, so dx stays at or below O(1));
+            wgrad x ~ N(0, 1), dy ~ N(0, 1)/sqrt(N·P·Q);
+          * ``"int"``: small integers, uniform in [-m, m] with m from `INT_MAX`: fprop x in
+            [-3, 3], w in [-2, 2]; dgrad dy in [-3, 3], w in [-2, 2]; wgrad x in [-3, 3],
+            dy in [-1, 1] (its reduction, N·P·Q, is the long one). Every product and partial sum
+            is an integer of magnitude at most `int_partial_sum_bound` ≤ 2^24, so fp32
+            accumulation in any order is exact and outputs must equal the reference bit for bit
+            (after one rounding to the output dtype). Refused past that limit (`supports_kind`);
+          * ``"cancel"``: normal values arranged so that every exact output is 0, while
+            |a|·|b| terms are not: fprop: within each group the second half of the input
+            channels repeats the first and the filter negates it (needs C/groups even); dgrad:
+            within each group output channels k and k + K/groups/2 carry equal dy and negated w
+            (needs K/groups even); wgrad: images n and n + N/2 carry equal x and negated dy
+            (needs N even).
 
-        The values come from ``torch.Generator(device).manual_seed(seed)``: the same on every run
-        of one device type (CPU and CUDA streams differ).
+        fprop inputs are the same, bit for bit, as before the operations were added (same
+        generator calls, same order). The values come from ``torch.Generator(device).manual_seed(seed)``:
+        the same on every run of one device type (CPU and CUDA streams differ).
 
         Raises:
-            ValueError: unknown kind, or "cancel" with an odd C/groups.
+            ValueError: unknown kind, or a kind this problem cannot have (see `supports_kind`).
         """
+        reason = self.supports_kind(kind)
+        if reason:
+            raise ValueError(reason)
         g = torch.Generator(device=device).manual_seed(seed)
+        kw = {"generator": g, "device": device}
         nchw_x = (self.N, self.C, self.H, self.W)
         kcrs_w = (self.K, self.C_per_group, self.R, self.S)
-        kw = {"generator": g, "device": device}
+        nkpq_y = (self.N, self.K, self.P, self.Q)
+        shapes = {"x": nchw_x, "w": kcrs_w, "dy": nkpq_y}
+        a_name, b_name = self.inputs
         if kind in ("normal", "cancel"):
-            x = torch.randn(nchw_x, **kw)
-            w = torch.randn(kcrs_w, **kw) / math.sqrt(self.gemm.k)
-        elif kind == "int":
-            x = torch.randint(-3, 4, nchw_x, **kw).float()
-            w = torch.randint(-2, 3, kcrs_w, **kw).float()
+            a = torch.randn(shapes[a_name], **kw)
+            b = torch.randn(shapes[b_name], **kw) / math.sqrt(self.reduction_length)
         else:
-            raise ValueError(f"kind must be 'normal', 'int' or 'cancel'; got {kind!r}")
+            ma, mb = INT_MAX[self.op]
+            a = torch.randint(-ma, ma + 1, shapes[a_name], **kw).float()
+            b = torch.randint(-mb, mb + 1, shapes[b_name], **kw).float()
         if kind == "cancel":
-            cg = self.C_per_group
-            if cg % 2:
-                raise ValueError(f"kind='cancel' needs an even C/groups; got {cg}")
-            xg = x.view(self.N, self.groups, cg, self.H, self.W)
-            xg[:, :, cg // 2 :] = xg[:, :, : cg // 2]
-            w[:, cg // 2 :] = -w[:, : cg // 2]
-        x, w = self.to_layout(x, w)
-        return x.to(self.torch_dtype).contiguous(), w.to(self.torch_dtype).contiguous()
+            if self.op == "fprop":  # x channels c and c + C/g/2 equal, w negated
+                cg = self.C_per_group
+                xg = a.view(self.N, self.groups, cg, self.H, self.W)
+                xg[:, :, cg // 2 :] = xg[:, :, : cg // 2]
+                b[:, cg // 2 :] = -b[:, : cg // 2]
+            elif self.op == "dgrad":  # dy channels k and k + K/g/2 equal, w negated
+                kg = self.K // self.groups
+                dyg = a.view(self.N, self.groups, kg, self.P, self.Q)
+                dyg[:, :, kg // 2 :] = dyg[:, :, : kg // 2]
+                wg = b.view(self.groups, kg, self.C_per_group, self.R, self.S)
+                wg[:, kg // 2 :] = -wg[:, : kg // 2]
+            else:  # wgrad: images n and n + N/2 with x equal, dy negated
+                h = self.N // 2
+                a[h:] = a[:h]
+                b[h:] = -b[:h]
+        a, b = self.from_logical(a), self.from_logical(b)
+        return a.to(self.torch_dtype).contiguous(), b.to(self.torch_dtype).contiguous()
+
+    def from_logical(self, t: torch.Tensor) -> torch.Tensor:
+        """A logical NCHW (x, y, dx, dy) or KCRS (w, dw) tensor in this problem's layout, contiguous.
+
+        NHWC stores activations as (N, H, W, C) and filters as KRSC: both are the permutation
+        (0, 2, 3, 1) of the logical tensor. A no-op for NCHW.
+        """
+        return t.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else t
+
+    def to_logical(self, t: torch.Tensor) -> torch.Tensor:
+        """View any of the six tensors (x, w, y, dx, dw, dy) of this layout as logical NCHW/KCRS.
+
+        The inverse of `from_logical`: a permuted view for NHWC (no copy), ``t`` itself for NCHW.
+        """
+        return t.permute(0, 3, 1, 2) if self.layout == "NHWC" else t
 
     def to_layout(self, x_nchw: torch.Tensor, w_kcrs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Permute NCHW/KCRS tensors into this problem's layout (a no-op for NCHW)."""

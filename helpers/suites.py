@@ -109,17 +109,21 @@ def edge() -> list[P]:
 SUITES = {"quick": quick, "seed": seed, "resnet50": resnet50, "depthwise": depthwise, "edge": edge}
 
 
-def suite(name: str, dtype: str | None = None, layout: str | None = None) -> list[P]:
-    """The problems of suite ``name``, optionally converted to another dtype and/or layout.
+def suite(name: str, dtype: str | None = None, layout: str | None = None, op: str | None = None) -> list[P]:
+    """The problems of suite ``name``, optionally converted to another dtype, layout and/or operation.
+
+    Every suite is defined as fprop problems; ``op="dgrad"`` or ``"wgrad"`` gives the same shapes
+    as that operation (names regenerated: "dgrad N32 C64 ...").
 
     Raises:
         KeyError: unknown suite (the message lists the known ones).
+        ValueError: an unknown dtype, layout or op (from `Conv2dProblem`).
     """
     if name not in SUITES:
         raise KeyError(f"no suite {name!r}; known: {', '.join(SUITES)}")
     probs = SUITES[name]()
-    if dtype or layout:
-        probs = [replace(p, dtype=dtype or p.dtype, layout=layout or p.layout, name="") for p in probs]
+    if dtype or layout or op:
+        probs = [replace(p, dtype=dtype or p.dtype, layout=layout or p.layout, op=op or p.op, name="") for p in probs]
     return probs
 
 

@@ -201,3 +201,14 @@ def test_compare_refuses_a_y_of_the_wrong_shape():
     y1 = F.conv2d(x.double(), w.double(), **p.torch_kwargs())[:, :1].float()
     with pytest.raises(ValueError, match="y must have shape"):
         compare(p, x, w, y1, exact=True)
+
+
+def test_compare_and_reference_refuse_inputs_of_the_wrong_shape():
+    """Inputs are checked against the op's input shapes too (swapped x, w used to fail deep in torch, or not)."""
+    p = Conv2dProblem(N=1, C=2, H=6, W=5, K=2, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    y = reference(p, x, w).float()
+    with pytest.raises(ValueError, match=r"fprop takes x of shape \(1, 2, 6, 5\) \(NCHW\) as input 1"):
+        compare(p, w, x, y)
+    with pytest.raises(ValueError, match=r"fprop takes w of shape \(2, 2, 3, 3\) \(NCHW\) as input 2"):
+        reference(p, x, x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -192,6 +193,8 @@ def test_make_inputs_refusals():
         (dict(K=5, groups=2), "divisible by groups"),
         (dict(dtype="fp8"), "dtype must be one of"),
         (dict(layout="NCWH"), "layout must be one of"),
+        (dict(op="backward"), r"op must be one of \('fprop', 'dgrad', 'wgrad'\)"),
+        (dict(op=None), "op must be one of"),
         (dict(padding="same", stride=2), "padding='same' needs stride 1"),
         (dict(H=3, R=5, padding=0), "larger than the padded image"),
         (dict(W=4, S=3, dilation=(1, 2), padding=0), "larger than the padded image"),
@@ -213,6 +216,9 @@ def test_label_and_as_dict():
     d = p.as_dict()
     assert (d["P"], d["Q"], d["stride_h"], d["pad_w"], d["dil_h"], d["groups"]) == (p.P, p.Q, 2, 2, 2, 2)
     assert d["gflop"] == pytest.approx(p.flops / 1e9)
+    assert d["op"] == "fprop"
+    w = replace(p, op="wgrad", name="")
+    assert w.name == "wgrad N2 C6 10x8 K4 3x5 s2,1 p1,2 d2 g2" and w.as_dict()["op"] == "wgrad"
 
 
 @pytest.mark.parametrize(

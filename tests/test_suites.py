@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import suites
@@ -112,6 +114,25 @@ def test_suite_conversion(dtype, layout):
         assert (a.P, a.Q) == (b.P, b.Q)
         if layout == "NHWC":
             assert b.x_shape == (a.N, a.H, a.W, a.C)
+
+
+@pytest.mark.parametrize("op", ["dgrad", "wgrad", "fprop"])
+def test_suite_op_conversion(op: str):
+    base = suite("resnet50")
+    conv = suite("resnet50", op=op)
+    assert len(conv) == len(base)
+    for a, b in zip(base, conv):
+        assert b.op == op and (b.dtype, b.layout) == (a.dtype, a.layout)
+        assert replace(b, op="fprop") == a  # the same shapes, only the operation differs
+        assert b.name == (a.name if op == "fprop" else f"{op} {a.name}")
+    both = suite("depthwise", dtype="fp16", layout="NHWC", op="dgrad")
+    assert all((p.dtype, p.layout, p.op) == ("fp16", "NHWC", "dgrad") for p in both)
+    assert all(p.op == "fprop" for p in suite("edge"))  # default: fprop, names as committed
+
+
+def test_suite_unknown_op():
+    with pytest.raises(ValueError, match="op must be one of"):
+        suite("quick", op="bgrad")
 
 
 def test_unknown_suite():
