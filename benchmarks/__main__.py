@@ -4,10 +4,12 @@
     python -m benchmarks --suite seed --variants naive z_out
     python -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC
 
-Without ``--variants`` every variant runs, each in its own layout and dtype against cuDNN in
-that layout and dtype; ``--dtype``/``--layout`` convert the suite and keep the variants that take
-it as it is. Writes ``benchmarks/results/<gpu>/<suite>.csv`` and ``.png`` (suffixed with
-dtype/layout when given). The CSV's rows carry the GPU, driver, CUDA, torch, cuDNN and pycuda versions.
+Without ``--dtype``/``--layout`` every variant (or each named with ``--variants``) runs in its own
+layout and dtype, against cuDNN in that layout and dtype; ``--dtype``/``--layout`` convert the
+suite and pin it: by default only the variants that take it run, and a named variant that does
+not take it is refused (and the run exits 1). Writes ``benchmarks/results/<gpu>/<suite>.csv`` and
+``.png`` (suffixed with dtype/layout when given). The CSV's rows carry the GPU, driver, CUDA,
+torch, cuDNN and pycuda versions.
 The CSV is written after every problem, so an interrupted run (Ctrl-C: exit 130) keeps what it
 measured; a fault in one (variant, problem) is recorded as its row and the run goes on.
 Exit status: 0 if every check passed, 1 if any failed or faulted, or if a variant named with
@@ -104,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         df.assign(**meta).to_csv(csv, index=False)
 
     try:
-        df = bench(vs, probs, check=not args.no_check, progress=not args.no_progress, on_rows=write)
+        # --dtype/--layout pin the suite's dtype and layout: variants run in them or are refused, never adapted
+        adapt = not (args.dtype or args.layout)
+        df = bench(vs, probs, check=not args.no_check, adapt=adapt, progress=not args.no_progress, on_rows=write)
     except KeyboardInterrupt:
         print(f"\ninterrupted: {csv} holds the problems finished so far", file=sys.stderr)
         return 130

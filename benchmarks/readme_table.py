@@ -143,7 +143,7 @@ def results_table(csv: Path) -> str:
     )
     rows = ["| variant | day | runs in | problems checked | passed | timed | geomean ×cuDNN |",
             "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
-    refused = []
+    refused, skipped = [], []
     labels = [f"{v} (unchecked)" if st == "unchecked" else v for v, st in zip(df["variant"], df["status"])]
     df = df.assign(_label=labels)
     for variant, d in df.groupby("_label", sort=False):
@@ -151,10 +151,14 @@ def results_table(csv: Path) -> str:
         checked = int(ok.notna().sum())
         passed = int((ok == True).sum())  # noqa: E712 - True/False/None
         timed = int(d["ms_p50"].notna().sum())
-        baseline = (d["status"] == "baseline").any()
-        unchecked = (d["status"] == "unchecked").all()
-        if not baseline and not unchecked and checked == 0 and timed == 0:
+        status = d["status"].fillna("").astype(str)
+        baseline = bool(d["variant"].astype(str).str.startswith("cudnn").all()) and "day" in d and (d["day"] == 0).all()
+        unchecked = (status == "unchecked").all()
+        if not baseline and status.str.startswith("unsupported").all():
             refused.append(str(variant))
+            continue
+        if not baseline and status.str.startswith("skipped").all():
+            skipped.append(str(variant))
             continue
         # checked rows: only those that passed; --no-check rows are their own line, never mixed in
         gm_rows = d if baseline or unchecked else d[ok == True]  # noqa: E712
@@ -170,6 +174,9 @@ def results_table(csv: Path) -> str:
         rows.append(f"| {variant} | {day_s} | {runs_in} | {checked_s} | {passed_s} | {timed} | {gm_s} |")
     if refused:
         rows += ["", f"{len(refused)} variant(s) refused every problem of this suite: {', '.join(refused)}."]
+    if skipped:
+        rows += ["", f"{len(skipped)} variant(s) skipped every problem (not enough device memory, or no input kind "
+                     f"applies): {', '.join(skipped)}."]  # fmt: skip
     return "\n".join([heading, "", versions, "", *rows])
 
 

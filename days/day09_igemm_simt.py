@@ -31,6 +31,7 @@ from .kit import (
     blocks,
     cdiv,
     chunks16,
+    gemm_tile_launch,
     gemm_writes,
     groups_one_reason,
     implicit_gemm_int32_reason,
@@ -105,7 +106,7 @@ def _entry(p: Conv2dProblem, tile_rule) -> str:
 
 def _launch(p: Conv2dProblem, tile_rule) -> LaunchConfig:
     t = tile_rule(p)
-    return LaunchConfig(grid=(cdiv(p.gemm.m, t.bm), cdiv(p.K, t.bn), 1), block=(THREADS, 1, 1))
+    return gemm_tile_launch(p, t.bm, t.bn, THREADS)
 
 
 def tile_covers(p: Conv2dProblem, cfg: LaunchConfig, tile: Tile) -> np.ndarray:

@@ -32,6 +32,7 @@ from .kit import (
     alignment_reason,
     cdiv,
     chunks16,
+    gemm_tile_launch,
     gemm_writes,
     single_kernel,
     tile_visits,
@@ -64,7 +65,7 @@ def wmma_entry(p: Conv2dProblem) -> str:
 def wmma_launch(p: Conv2dProblem) -> LaunchConfig:
     """Grid (ceil(N·P·Q / 128), ceil(K / 128), 1) of 256-thread blocks; the 40 KB of shared
     memory are static (no dynamic shared memory)."""
-    return LaunchConfig(grid=(cdiv(p.gemm.m, BM), cdiv(p.K, BN), 1), block=(THREADS, 1, 1))
+    return gemm_tile_launch(p, BM, BN, THREADS)
 
 
 def wmma_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:

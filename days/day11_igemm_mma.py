@@ -18,7 +18,16 @@ from helpers.problem import Conv2dProblem
 from helpers.variants import LaunchConfig, Variant, register
 
 from .day09_igemm_simt import Tile, igemm_supports, tile_covers, vec_path
-from .kit import FULL_SIZES, TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, input_reach_reason, single_kernel
+from .kit import (
+    FULL_SIZES,
+    TENSOR_CORE_CC,
+    VEC_BYTES,
+    alignment_reason,
+    cdiv,
+    gemm_tile_launch,
+    input_reach_reason,
+    single_kernel,
+)
 
 MMA_TILE = (128, 128)  # BM x BN of 11_igemm_mma.cu
 KB = 32  # GEMM-K per step
@@ -30,8 +39,7 @@ def _mma_entry(p: Conv2dProblem) -> str:
 
 
 def _mma_launch(p: Conv2dProblem) -> LaunchConfig:
-    bm, bn = MMA_TILE
-    return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.K, bn), 1), block=(MMA_THREADS, 1, 1))
+    return gemm_tile_launch(p, *MMA_TILE, MMA_THREADS)
 
 
 def mma_supports(p: Conv2dProblem) -> str | None:

@@ -70,8 +70,16 @@ def pack(p: Conv2dProblem, names: str, **values) -> tuple:
     ``pack(p, "x w y N C H W K R S")`` -> ``(Buffer("x"), Buffer("w"), Buffer("y"), np.int32(p.N), ...)``.
 
     Raises:
-        ValueError: a name that is none of these, or a keyword ``values`` that the list does not use.
+        ValueError: a name that is none of these, a keyword ``values`` that the list does not use
+            or that shadows a tensor or problem scalar.
+        TypeError: a value that is not a numpy scalar.
     """
+    clash = sorted(set(values) & (set(TENSORS) | set(PROBLEM_SCALARS)))
+    if clash:
+        raise ValueError(f"pack: values {clash} would shadow a tensor or problem scalar of the same name")
+    loose = sorted(nm for nm, v in values.items() if not isinstance(v, np.generic))
+    if loose:
+        raise TypeError(f"pack: values {loose} must be numpy scalars (np.int32, np.float32), as pycuda needs")
     out: list = []
     used = set()
     for nm in names.split():
@@ -166,6 +174,12 @@ def gemm_writes(
     ch = np.ones(bn, dtype=np.int64) if col_hits is None else np.asarray(col_hits, dtype=np.int64)
     per_tile = np.asarray(visits, dtype=np.int64)[(rows // bm)[:, None], (cols // bn)[None, :]]
     return (per_tile * rh[rows % bm][:, None] * ch[cols % bn][None, :]).ravel()
+
+
+def gemm_tile_launch(p: Conv2dProblem, bm: int, bn: int, threads: int) -> LaunchConfig:
+    """One block per bm x bn output tile of the GEMM view, unswizzled (days 09-11): grid
+    (ceil(GEMM-M / bm), ceil(GEMM-N / bn), 1) of ``threads``-thread blocks, static shared memory only."""
+    return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.gemm.n, bn), 1), block=(threads, 1, 1))
 
 
 def blocks(p: Conv2dProblem, tile) -> int:

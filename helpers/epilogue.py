@@ -35,6 +35,14 @@ class Epilogue:
     beta: float = 0.0
     relu: bool = False
 
+    def __post_init__(self) -> None:
+        for nm in ("alpha", "beta"):
+            v = getattr(self, nm)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise TypeError(f"Epilogue {nm} must be a real number; got {v!r}")
+        if not isinstance(self.relu, (bool, np.bool_)):
+            raise TypeError(f"Epilogue relu must be True or False; got {self.relu!r}")
+
     @property
     def is_plain(self) -> bool:
         return self.alpha == 1.0 and self.beta == 0.0 and not self.relu
@@ -45,15 +53,18 @@ OPERANDS = ("cin", "bias")  # the epilogue operands, in the order kernels take t
 
 
 def operand_shape(problem: Conv2dProblem, name: str) -> tuple[int, ...]:
-    """``cin``: the output's shape (``problem.y_shape``); ``bias``: (K,).
+    """``cin``: the output's shape (`Conv2dProblem.output_shape`); ``bias``: one value per output
+    channel, (K,) for fprop and (C,) for dgrad (wgrad's output, a filter gradient, takes none).
 
     Raises:
         ValueError: a name that is not an epilogue operand.
     """
     if name == "cin":
-        return problem.y_shape
+        return problem.output_shape
     if name == "bias":
-        return (problem.K,)
+        if problem.op == "wgrad":
+            raise ValueError("a wgrad output (the filter gradient dw) takes no bias")
+        return (problem.K,) if problem.op == "fprop" else (problem.C,)
     raise ValueError(f"{name!r} is not an epilogue operand; known: {', '.join(OPERANDS)}")
 
 

@@ -209,7 +209,8 @@ class Variant:
         return self.launches(problem)[-1].config
 
     def entry_for(self, problem: Conv2dProblem) -> str:
-        """The entry point of the kernel that writes the output."""
+        """The entry point of the kernel that writes the output, for a problem the variant
+        supports (for others the name may not exist)."""
         return self.launches(problem)[-1].entry
 
     @property
@@ -242,6 +243,7 @@ class Variant:
             ks = list(launches_fn(p, ep))
             return ks[:-1] + [replace(ks[-1], config=change(ks[-1].config))]
 
+        changed.entry = getattr(launches_fn, "entry", None)  # a fixed entry stays the copy's `entry`
         return replace(self, name=name, launches_fn=changed)
 
 
@@ -520,6 +522,8 @@ def prepare(
         NoGPUError: no GPU or no pycuda.
     """
     v = get(variant)
+    if not isinstance(epilogue, Epilogue):
+        raise TypeError(f"epilogue must be a helpers.epilogue.Epilogue; got {type(epilogue).__name__}")
     bad = [nm for nm in operands if nm not in OPERANDS]
     if bad:
         raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")
@@ -552,7 +556,7 @@ def run(
 
     The output (allocated if not given) is filled with NaN first when ``poison`` is set, so an
     element the kernel never writes shows up as NaN (not with an in-place ``cin``: that is the
-    output's old value). Synchronises and raises on a kernel fault.
+    output's old value, whichever view of it is passed). Synchronises and raises on a kernel fault.
 
     Shapes: `Conv2dProblem.tensor_shape` of each (fprop: x ``x_shape``, w ``w_shape``, y ``y_shape``).
 
@@ -560,7 +564,9 @@ def run(
         see `prepare`; ``pycuda.driver.LaunchError`` / ``RuntimeError`` on a fault in the kernel.
     """
     plan, out = prepare(variant, problem, *inputs, out=out, epilogue=epilogue, **operands)
-    if poison and operands.get("cin") is not out:
+    cin = operands.get("cin")
+    in_place = cin is not None and _byte_range(cin) == _byte_range(out)  # any view of out's own memory
+    if poison and not in_place:
         out.fill_(float("nan"))
     plan()
     torch.cuda.synchronize()

@@ -341,7 +341,7 @@ def test_refusals_of_the_variant():
     assert "groups=1; got 2" in V.supports(replace(ok, groups=2, name=""))
     # the CPU default limit (48 KB without opt-in) refuses the large tiles; 227 KB takes them
     big = make_pipelined(tile="256x64x32_w4x2_s4")  # 4 stages of (256 + 64) x 32 halves: 80 KB
-    assert "needs 81920 B of shared memory per block; the limit is 49152 B" in big.supports(ok)
+    assert "needs 81920 B of shared memory per block; the limit is 49152 B" in big.supports(ok, smem_limit=48 * 1024)
     assert big.supports(ok, smem_limit=H200_SMEM) is None
     for p in suite("resnet50", dtype="fp16", layout="NHWC")[:4]:
         reason = V.supports(p)

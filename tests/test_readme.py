@@ -174,3 +174,28 @@ def test_unchecked_timings_are_listed_apart(tmp_path: Path):
     out = rt.results_section(tmp_path)
     assert "| naive | 01 | fp32 NCHW | 1 | 1 | 1 | 0.250 |" in out
     assert "| naive (unchecked) | 01 | fp32 NCHW | unchecked | unchecked | 1 | 10.000 |" in out
+
+
+def test_baselines_with_errors_and_memory_skips_are_not_refusals(tmp_path: Path):
+    rows = [
+        dict(variant="cudnn", day=0, problem="a", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0),
+        dict(variant="cudnn fp16 NHWC", day=0, problem="a", ok=None, status="error: cuDNN refused", ms_p50=math.nan,
+             x_cudnn=math.nan),
+        dict(variant="naive", day=1, problem="a", ok=True, status="ok", ms_p50=2.0, x_cudnn=0.5),
+        dict(variant="naive", day=1, problem="b", ok=False, status="error: RuntimeError: fault", ms_p50=math.nan,
+             x_cudnn=math.nan),
+        dict(variant="z_out", day=2, problem="a", ok=None, status="skipped: needs about 40 GB", ms_p50=math.nan,
+             x_cudnn=math.nan),
+        dict(variant="depthwise", day=7, problem="a", ok=None, status="unsupported: groups", ms_p50=math.nan,
+             x_cudnn=math.nan),
+    ]  # fmt: skip
+    d = tmp_path / "nvidia-h200"
+    d.mkdir()
+    pd.DataFrame([{**r, "gpu": "NVIDIA H200", "dtype": "fp32", "layout": "NCHW"} for r in rows]).to_csv(
+        d / "quick.csv", index=False
+    )
+    out = rt.results_section(tmp_path)
+    assert "| naive | 01 | fp32 NCHW | 2 | 1 | 1 | 0.500 |" in out  # the fault counts as checked, failed
+    assert "| cudnn fp16 NHWC | baseline |" in out
+    assert "1 variant(s) refused every problem of this suite: depthwise." in out
+    assert "1 variant(s) skipped every problem (not enough device memory, or no input kind applies): z_out." in out

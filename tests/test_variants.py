@@ -322,6 +322,7 @@ def stand_in_gpu(monkeypatch):
     monkeypatch.setattr(hv, "check_tensors", check_but_device)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(hc, "load_kernel", load_kernel)
     return calls, built
 
@@ -379,3 +380,45 @@ def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkey
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
     assert v.supports(p) is None
     assert v.supports(p, smem_limit=48 * 1024).endswith(f"the limit is {48 * 1024} B")  # an explicit limit: no note
+
+
+def test_run_does_not_poison_an_in_place_cin_passed_as_a_view(stand_in_gpu):
+    """cin may be the output's own memory under any view (y, y[:], y.view(...)): run must not NaN it."""
+    v = get("igemm_pipelined")
+    p = Conv2dProblem(N=1, C=8, H=4, W=4, K=8, R=1, S=1, dtype="fp16", layout="NHWC")
+    x, w = p.make_inputs()
+    from helpers.epilogue import Epilogue
+
+    for view in (lambda t: t, lambda t: t[:], lambda t: t.view(t.shape), lambda t: t.detach()):
+        y = torch.ones(p.y_shape, dtype=torch.float16)
+        run(v, p, x, w, out=y, cin=view(y), epilogue=Epilogue(beta=1.0))
+        assert bool((y == 1).all()), "run poisoned the in-place residual"
+    y = torch.ones(p.y_shape, dtype=torch.float16)
+    run(v, p, x, w, out=y)  # no cin: poisoned as always (the stand-in kernel writes nothing)
+    assert bool(torch.isnan(y).all())
+
+
+def test_epilogue_type_errors_before_any_gpu_use(no_gpu):
+    from helpers.epilogue import Epilogue
+
+    p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
+    x, w = p.make_inputs()
+    for bad in (None, "relu", 1.0):
+        with pytest.raises(TypeError, match="epilogue must be a helpers.epilogue.Epilogue"):
+            prepare("naive", p, x, w, epilogue=bad)
+    with pytest.raises(TypeError, match="relu must be True or False"):
+        Epilogue(relu="no")
+    with pytest.raises(TypeError, match="relu must be True or False"):
+        Epilogue(relu=2)
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        Epilogue(alpha="2")
+    with pytest.raises(TypeError, match="beta must be a real number"):
+        Epilogue(beta=True)
+
+
+def test_copies_keep_a_fixed_entry():
+    v = get("naive")
+    capped = v.with_output_launch(lambda cfg: cfg, name="naive_same")
+    assert capped.entry == v.entry == "conv2d_naive"
+    with pytest.raises(AttributeError, match="per problem"):
+        _ = get("blocked").with_output_launch(lambda cfg: cfg, name="b").entry

@@ -32,6 +32,7 @@ from .rule import (
     MAX_MASKED_TAPS,
     MIN_BLOCKS,
     PipelinedConfig,
+    blocks,
     choose,
     choose_iterator,
     choose_swizzle,
@@ -43,7 +44,7 @@ from .variant import config_reason, covers, int32_walk_reason, make_pipelined, p
 
 __all__ = [
     "CU_FILE", "FEW_CHANNELS_MAX_C", "INSTANTIATED", "INSTRUCTION", "ITERATORS", "MAX_MASKED_TAPS",
-    "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "PipelinedConfig", "TileDescription", "choose",
+    "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "PipelinedConfig", "TileDescription", "blocks", "choose",
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
     "iterator_reason", "make_pipelined", "pipelined_launches", "tensor_check", "tiles_for",
 ]  # fmt: skip
