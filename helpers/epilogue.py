@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .check import CheckResult, bitwise_equal, bound_coefficient, judge, reference
+from .check import CheckResult, bitwise_equal, bound_coefficient, bound_floor, judge, reference
 from .problem import Conv2dProblem
 
 
@@ -137,6 +137,10 @@ def reference_epilogue(
     return out
 
 
+def _integral(epilogue: Epilogue) -> bool:
+    return float(epilogue.alpha).is_integer() and float(epilogue.beta).is_integer()
+
+
 EPILOGUE_ROUNDINGS = 4  # alpha·acc, + beta·Cin, + bias, and the product beta·Cin, each one fp32 rounding
 
 
@@ -192,7 +196,8 @@ def check_epilogue(
     yd = y4.to(torch.float64)
     err = torch.where(fin, (yd - ref).abs(), torch.full_like(ref, math.inf))
     scale = reference_epilogue(problem, x, w, epilogue, cin, bias, absolute=True)
-    bound = bound_coefficient(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS) * scale + 1e-300
+    bound = (bound_coefficient(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS) * scale
+             + bound_floor(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS))  # fmt: skip
     diff = torch.where(fin, yd - ref, torch.zeros_like(ref))
     ref_norm = float(ref.norm())
     return judge(
@@ -204,6 +209,7 @@ def check_epilogue(
         max_abs_err=float(err.max()),
         worst_err_over_bound=float((err / bound).max()),
         rel_l2=float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm()),
-        exact=bool(torch.equal(y4, ref.to(dt))) if kind == "int" else None,
+        # exact only where every operation is: integer inputs and integer alpha and beta
+        exact=bool(torch.equal(y4, ref.to(dt))) if kind == "int" and _integral(epilogue) else None,
         repeat_bitwise=bitwise_equal(outs[0], outs[1]),
     )

@@ -334,8 +334,9 @@ def test_faults_are_flagged_and_rounding_passes(op: str, layout: str, which: int
     if op == "dgrad" and set(range(p.H)) - touched(p)[0]:
         d = ref.clone()
         d[-1, -1, min(set(range(p.H)) - touched(p)[0]), 0] = 1e-30
-        assert judge(d)["worst_err_over_bound"] > 1e200
-        assert judge(d, max_elems=20)["worst_err_over_bound"] > 1e200
+        # the bound there is only the underflow floor (n·2^-150 + 2^-150 in fp32): 1e-30 is far over it
+        assert judge(d)["worst_err_over_bound"] > 1e10
+        assert judge(d, max_elems=20)["worst_err_over_bound"] > 1e10
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -192,6 +192,13 @@ def test_epilogue(p, ep, kw):
     _assert_ok(r, p, kw.get("kind", "normal"))
 
 
+def test_int_inputs_with_non_integer_alpha_beta_are_judged_by_the_bound():
+    """kind="int" with alpha 0.3, beta 0.7: the products are not exact, so no bit-exactness is
+    asked (a correct kernel used to fail on 43 of 32,768 outputs)."""
+    r = check_epilogue(V, P_OPT, Epilogue(alpha=0.3, beta=0.7), kind="int")
+    assert r.ok and r.exact is None, r
+
+
 @pytest.mark.parametrize("tile, iterator", PAIRS, ids=[f"{t}-{it}" for t, it in PAIRS])
 def test_epilogue_every_tile(tile, iterator):
     """Bias and Cin columns follow every warp layout: integer inputs, alpha 2, beta -1, ReLU, exact."""
