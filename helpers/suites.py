@@ -87,6 +87,8 @@ def edge() -> list[P]:
         P(N=1, C=3, H=17, W=13, K=5, R=2, S=2, stride=3),  # stride > R
         P(N=1, C=2, H=10, W=10, K=3, R=3, S=3, stride=4),  # (H + 2pad - R) % stride != 0
         P(N=2, C=4, H=15, W=14, K=6, R=3, S=3, padding=2, dilation=2),  # dilation
+        P(N=1, C=3, H=13, W=17, K=5, R=3, S=3, padding=(1, 2), dilation=(1, 2)),  # dilation (1, 2): dh and dw apart
+        P(N=2, C=8, H=17, W=12, K=9, R=3, S=2, padding=(2, 1), dilation=(2, 1)),  # dilation (2, 1)
         P(N=2, C=6, H=12, W=13, K=6, R=3, S=3, padding=1, groups=3),  # groups
         # grouped, strided and dilated differently per axis
         P(N=2, C=6, H=9, W=14, K=9, R=3, S=5, padding=(1, 2), stride=(2, 3), dilation=(2, 1), groups=3),

@@ -258,3 +258,21 @@ def test_interpreter_exits_cleanly():
     assert r.returncode == 0, r.stderr
     assert "ran " in r.stdout
     assert "context stack" not in r.stderr and "PyCUDA ERROR" not in r.stderr, r.stderr
+
+
+def test_kahan_compensates_and_double_accumulates():
+    """On a long reduction (C = 512, 9 x 9: 41,472 terms) acc_kahan and acc_double land far closer
+    to the float64 reference than acc_float: a build that lost its compensation (or its fp64
+    sum) would be no better than the plain fp32 sum."""
+    from helpers.check import reference
+    from helpers.problem import Conv2dProblem
+
+    p = Conv2dProblem(N=1, C=512, H=24, W=24, K=8, R=9, S=9, padding=4)
+    x, w = p.make_inputs(device="cuda", seed=5)
+    ref = reference(p, x, w)
+    err = {}
+    for name in ("acc_float", "acc_kahan", "acc_double"):
+        y = run(name, p, x, w)
+        err[name] = float((p.to_nchw(y).double() - ref).abs().mean())
+    assert err["acc_kahan"] < 0.5 * err["acc_float"], err
+    assert err["acc_double"] < 0.5 * err["acc_float"], err
