@@ -215,10 +215,8 @@ def bench(
     """
     from tqdm.auto import tqdm
 
-    from .check import check as run_check
     from .gpu import device_info
-    from .timing import time_gpu
-    from .variants import get, prepare
+    from .variants import get
 
     info = device_info()
     vs = [get(v) for v in variants]
@@ -244,7 +242,7 @@ def bench(
             for v in vs:
                 p = todo[v.name]
                 try:
-                    rows.append(_bench_one(v, p, runs, info, check, kinds, timing_kw, run_check, prepare, time_gpu))
+                    rows.append(_bench_one(v, p, runs, info, check, kinds, timing_kw))
                 except Exception as e:  # noqa: BLE001 - a fault in one (variant, problem) is recorded, the run goes on
                     if isinstance(e, torch.cuda.OutOfMemoryError):
                         torch.cuda.empty_cache()
@@ -264,8 +262,12 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return df[front + [c for c in df.columns if c not in front]]
 
 
-def _bench_one(v, p: Conv2dProblem, runs, info, check, kinds, timing_kw, run_check, prepare, time_gpu) -> dict:
+def _bench_one(v, p: Conv2dProblem, runs: _SuiteProblem, info, check: bool, kinds: tuple, timing_kw: dict) -> dict:
     """The row of one (variant, problem): unsupported, failed checks, or checked and timed."""
+    from .check import check as run_check
+    from .timing import time_gpu
+    from .variants import prepare
+
     reason = v.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:
         return _row(p, v.name, v.day, status=f"unsupported: {reason}")
