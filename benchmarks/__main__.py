@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: {csv} holds the problems finished so far", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - bench records per-(variant, problem) faults; this is anything else
+        print(f"\npython -m benchmarks stopped: {type(e).__name__}: {e}\n{csv} holds the problems finished "
+              "so far (if any); it is partial", file=sys.stderr)  # fmt: skip
+        return 1
     df = df.assign(**meta)
     df.to_csv(csv, index=False)
     from benchmarks.plot import redraw
@@ -121,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     pd.set_option("display.width", 200)
     shown = df[["problem", "variant", "ms_p50", "x_cudnn", "tflops", "status"]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    gm = geomean_x_cudnn(df)
-    print("\ngeomean x cuDNN:", ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
+    gm = geomean_x_cudnn(df, checked=not args.no_check)
+    label = "geomean x cuDNN" + (" (unchecked)" if args.no_check else "")
+    print(f"\n{label}:", ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
     print(f"wrote {out / stem}.csv and .png  ({meta['gpu']}, driver {meta['driver']}, CUDA {meta['cuda']}, "
           f"torch {meta['torch']}, cuDNN {meta['cudnn']})")  # fmt: skip
     failed = df[df.ok == False]  # noqa: E712 - ok is True/False/None

@@ -41,7 +41,8 @@ from .problem import Conv2dProblem
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8, "fp64": 2.0**-53, "double": 2.0**-53}
 # The absolute error of one rounding in the subnormal range: half the smallest subnormal (the
 # relative bound u does not hold there; Higham §2.1). fp16 outputs below 6.1e-5 round with up to 2^-25.
-UNDERFLOW = {"fp32": 2.0**-150, "fp16": 2.0**-25, "bf16": 2.0**-134, "fp64": 2.0**-1075, "double": 2.0**-1075}
+# (fp64: the smallest subnormal itself, since half of it is 0 as a float.)
+UNDERFLOW = {"fp32": 2.0**-150, "fp16": 2.0**-25, "bf16": 2.0**-134, "fp64": 2.0**-1074, "double": 2.0**-1074}
 
 
 @dataclass
@@ -246,9 +247,8 @@ class _Tally:
         od = ob.to(torch.float64)
         err = (od - ref).abs()
         err = torch.where(fin, err, torch.full_like(err, math.inf))
-        bound = self.coefficient * scale + self.floor
         self.max_abs = max(self.max_abs, float(err.max()))
-        self.worst = max(self.worst, float(torch.where(fin, err / bound, torch.full_like(err, math.inf)).max()))
+        self.worst = max(self.worst, float(err_over_bound(err, scale, self.coefficient, self.floor).max()))
         self.err2 += float((torch.where(fin, od - ref, torch.zeros_like(ref)) ** 2).sum())
         self.ref2 += float((ref**2).sum())
         if self.exact:
@@ -326,9 +326,9 @@ def rel_l2_limit(problem: Conv2dProblem, accum: str = "fp32") -> float:
     """Norm-wise limit: 16·sqrt(n)·u_acc + 4·u_out, at least 1e-4, n = `Conv2dProblem.reduction_length`.
 
     Rounding errors of an n-term sum grow like sqrt(n)·u on random data. A dropped or doubled
-    filter tap moves the result by about 1/sqrt(n) relative: above this limit for fp32, but not
-    for bf16 once n ≳ 4,100 nor fp16 once n ≳ 262,000, so `check`'s default verdict adds an
-    exact integer-input run, which sees any wrong term.
+    filter tap moves the result by about 1/sqrt(n) relative: above this limit for fp32 up to
+    n ≈ 1,000,000, but not for bf16 once n ≳ 4,100 nor fp16 once n ≳ 262,000, so `check`'s
+    default verdict adds an exact integer-input run (up to 2^24 terms), which sees any wrong term.
     """
     n = problem.reduction_length
     return max(16 * math.sqrt(n) * UNIT_ROUNDOFF[accum] + 4 * UNIT_ROUNDOFF[problem.dtype], 1e-4)
@@ -344,6 +344,15 @@ def bound_coefficient(problem: Conv2dProblem, accum: str = "fp32", extra_roundin
     if n * u >= 1:
         return math.inf
     return n * u / (1 - n * u) + extra_roundings * u + UNIT_ROUNDOFF[problem.dtype]
+
+
+def err_over_bound(err: torch.Tensor, scale: torch.Tensor, coefficient: float, floor: float) -> torch.Tensor:
+    """|out − ref| / (coefficient · scale + floor), elementwise, never NaN: an element with no
+    scale (no term reaches it) is bounded by the floor alone, also when the coefficient is
+    infinite; an infinite error (NaN/Inf output, given as inf) is an infinite ratio."""
+    bound = torch.where(scale > 0, coefficient * scale, torch.zeros_like(scale)) + floor
+    ratio = err / bound
+    return torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
 
 
 def bound_floor(problem: Conv2dProblem, accum: str = "fp32", extra_roundings: int = 0) -> float:
@@ -426,9 +435,11 @@ def check(
         accum: accumulator precision for the bound ("fp32", "fp64"); default ``variant.accum``.
 
     Returns:
-        One `CheckResult`; for the default verdict its ``kind`` is "normal+int" (or "normal"),
-        ``ok`` is true when every run passed, ``reason`` names the runs that failed, the error
-        measures are the normal run's and ``exact`` the integer run's.
+        One `CheckResult`; for the default verdict its ``kind`` is "normal+int" ("normal" past
+        2^24 terms, where no integer run is exact), ``ok`` is true when every run passed,
+        ``reason`` names the runs that failed, ``max_abs_err``, ``worst_err_over_bound`` and
+        ``nonfinite`` are the worst over the runs, ``rel_l2`` the normal run's and ``exact``
+        the integer run's.
 
     Raises:
         UnsupportedProblem, TypeError, ValueError: from `helpers.variants.prepare`, before any launch.
@@ -444,6 +455,9 @@ def check(
         kind="+".join(kinds),
         ok=not failed,
         reason="; ".join(f"{r.kind}: {r.reason}" for r in failed),
+        max_abs_err=max(r.max_abs_err for r in results),
+        worst_err_over_bound=max(r.worst_err_over_bound for r in results),
+        nonfinite=sum(r.nonfinite for r in results),
         exact=results[-1].exact if len(results) > 1 else None,
         repeat_bitwise=all(r.repeat_bitwise for r in results),
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .check import CheckResult, bitwise_equal, bound_coefficient, bound_floor, judge, reference
+from .check import CheckResult, bitwise_equal, bound_coefficient, bound_floor, err_over_bound, judge, reference
 from .problem import Conv2dProblem
 
 
@@ -181,8 +181,8 @@ def check_epilogue(
             return torch.randint(-4, 5, shape, generator=g, device="cuda").to(dt)
         return torch.randn(shape, generator=g, device="cuda").to(dt)
 
-    cin = operand(problem.y_shape) if with_cin else None
-    bias = operand((problem.K,)) if with_bias else None
+    cin = operand(operand_shape(problem, "cin")) if with_cin else None
+    bias = operand(operand_shape(problem, "bias")) if with_bias else None
     ref = reference_epilogue(problem, x, w, epilogue, cin, bias)
     outs = []
     for _ in range(2):
@@ -196,8 +196,8 @@ def check_epilogue(
     yd = y4.to(torch.float64)
     err = torch.where(fin, (yd - ref).abs(), torch.full_like(ref, math.inf))
     scale = reference_epilogue(problem, x, w, epilogue, cin, bias, absolute=True)
-    bound = (bound_coefficient(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS) * scale
-             + bound_floor(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS))  # fmt: skip
+    ratio = err_over_bound(err, scale, bound_coefficient(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS),
+                           bound_floor(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS))  # fmt: skip
     diff = torch.where(fin, yd - ref, torch.zeros_like(ref))
     ref_norm = float(ref.norm())
     return judge(
@@ -207,7 +207,7 @@ def check_epilogue(
         accum=accum,
         nonfinite=int((~fin).sum()),
         max_abs_err=float(err.max()),
-        worst_err_over_bound=float((err / bound).max()),
+        worst_err_over_bound=float(ratio.max()),
         rel_l2=float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm()),
         # exact only where every operation is: integer inputs and integer alpha and beta
         exact=bool(torch.equal(y4, ref.to(dt))) if kind == "int" and _integral(epilogue) else None,

@@ -345,22 +345,31 @@ class Conv2dProblem:
 
     # ---- inputs ------------------------------------------------------------------------
     @property
+    def int_ranges(self) -> tuple[int, int]:
+        """With ``kind="int"``: the largest magnitudes of the two inputs, `INT_MAX` while
+        reduction length × their product stays ≤ 2^24, else (1, 1) (values in {-1, 0, 1}) for
+        reductions of up to 2^24 terms: the exact run then still covers the longest reductions."""
+        ma, mb = INT_MAX[self.op]
+        return (ma, mb) if self.reduction_length * ma * mb <= 2**24 else (1, 1)
+
+    @property
     def int_partial_sum_bound(self) -> int:
         """With ``kind="int"``: the largest magnitude any partial sum of the op's reduction can reach.
 
-        `reduction_length` × the largest magnitudes of the two inputs (`INT_MAX`): each term
+        `reduction_length` × the largest magnitudes of the two inputs (`int_ranges`): each term
         a_i·b_i is an integer of at most that product, so every partial sum, in any order, is an
         integer no larger than this. fp32 represents every integer up to 2^24 exactly, so while
         this stays ≤ 2^24 fp32 accumulation in any order is exact.
         """
-        ma, mb = INT_MAX[self.op]
+        ma, mb = self.int_ranges
         return self.reduction_length * ma * mb
 
     def supports_kind(self, kind: str) -> str | None:
         """``None`` when `make_inputs` can build inputs of ``kind`` for this problem, else why not.
 
-        * ``"int"`` needs `int_partial_sum_bound` ≤ 2^24, i.e. a reduction length of at most
-          2,796,202 for fprop (C/groups·R·S) and dgrad (K/groups·R·S), 5,592,405 for wgrad
+        * ``"int"`` needs `int_partial_sum_bound` ≤ 2^24 (with `int_ranges`): a reduction of at most
+          2^24 terms; `INT_MAX`'s ranges up to 2,796,202 terms for fprop (C/groups·R·S) and
+          dgrad (K/groups·R·S) and 5,592,405 for wgrad
           (N·P·Q);
         * ``"cancel"`` needs an even C/groups (fprop), an even K/groups (dgrad) or an even N
           (wgrad): the cancelling pairs.
@@ -368,11 +377,10 @@ class Conv2dProblem:
         if kind not in KINDS:
             return f"kind must be 'normal', 'int' or 'cancel'; got {kind!r}"
         if kind == "int" and self.int_partial_sum_bound > 2**24:
-            ma, mb = INT_MAX[self.op]
             a, b = self.inputs
             return (
-                f"kind='int' is exact in fp32 only while reduction length × {ma} × {mb} <= 2^24 (|{a}| <= {ma}, "
-                f"|{b}| <= {mb}), i.e. a reduction length <= {2**24 // (ma * mb)}; {self.op} here reduces over "
+                f"kind='int' is exact in fp32 only while reduction length × max|{a}| × max|{b}| <= 2^24, i.e. a "
+                f"reduction length <= 2^24 with {a}, {b} in {{-1, 0, 1}}; {self.op} here reduces over "
                 f"{self.reduction_length} terms"
             )
         if kind == "cancel":
@@ -397,7 +405,8 @@ class Conv2dProblem:
             dgrad dy ~ N(0, 1), w ~ N(0, 1)/sqrt(K/groups·R·S) (with stride s_h·s_w, a dx
             element sums about 1/(s_h·s_w) of those taps, so dx stays at or below O(1));
             wgrad x ~ N(0, 1), dy ~ N(0, 1)/sqrt(N·P·Q);
-          * ``"int"``: small integers, uniform in [-m, m] with m from `INT_MAX`: fprop x in
+          * ``"int"``: small integers, uniform in [-m, m] with m from `int_ranges` (`INT_MAX`, or
+            {-1, 0, 1} past its exactness limit): fprop x in
             [-3, 3], w in [-2, 2]; dgrad dy in [-3, 3], w in [-2, 2]; wgrad x in [-3, 3],
             dy in [-1, 1] (its reduction, N·P·Q, is the long one). Every product and partial sum
             is an integer of magnitude at most `int_partial_sum_bound` ≤ 2^24, so fp32
@@ -431,7 +440,7 @@ class Conv2dProblem:
             a = torch.randn(shapes[a_name], **kw)
             b = torch.randn(shapes[b_name], **kw) / math.sqrt(self.reduction_length)
         else:
-            ma, mb = INT_MAX[self.op]
+            ma, mb = self.int_ranges
             a = torch.randint(-ma, ma + 1, shapes[a_name], **kw).float()
             b = torch.randint(-mb, mb + 1, shapes[b_name], **kw).float()
         if kind == "cancel":

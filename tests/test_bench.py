@@ -6,6 +6,7 @@ unchecked timings never mixed."""
 from __future__ import annotations
 
 import importlib
+import math
 from types import SimpleNamespace
 
 import pandas as pd
@@ -127,3 +128,18 @@ def test_memory_needed_counts_inputs_outputs_and_bands():
     assert need == 2 * (p.x_numel + p.w_numel) * 4 + 3 * p.y_numel * 4 + hb.REFERENCE_BAND_BYTES
     assert 40e9 < need < 50e9
     assert get("naive").supports(p) is None
+
+
+def test_unknown_free_memory_tries_the_problem(stand_in, monkeypatch):
+    def broken():
+        raise RuntimeError("no driver answer")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
+    df = run_bench(["naive"])
+    assert set(df.status) == {"baseline", "ok"}
+
+
+def test_memory_needed_follows_the_op():
+    p = Conv2dProblem(N=64, C=256, H=112, W=112, K=64, R=1, S=1, stride=2, dtype="fp16", layout="NHWC", op="dgrad")
+    dy, w, dx = (math.prod(p.tensor_shape(n)) for n in ("dy", "w", "dx"))
+    assert hb.memory_needed(p) == (2 * (dy + w) + 3 * dx) * 2 + hb.REFERENCE_BAND_BYTES

@@ -152,3 +152,30 @@ def test_a_dtype_no_variant_takes_exits_2_with_what_they_take():
     r = bench_cli("--dtype", "fp16")
     assert r.returncode == 2
     assert "no variant takes fp16 NCHW" in r.stderr and "fp16 NHWC" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_crash_inside_bench_keeps_the_rows_and_says_the_csv_is_partial(tmp_path: Path, monkeypatch, capsys):
+    """An exception bench does not turn into a row (outside any (variant, problem)) ends the run
+    with exit 1 and a message; the CSV written so far stays."""
+    import importlib
+
+    import pandas as pd
+
+    from benchmarks.__main__ import main
+
+    hg = importlib.import_module("helpers.gpu")
+    hb = importlib.import_module("helpers.bench")
+    monkeypatch.setattr(hg, "has_gpu", lambda: True)
+    monkeypatch.setattr(hg, "init", lambda device=0: None)
+    monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
+                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+
+    def bench(vs, probs, on_rows=None, **kw):
+        on_rows(pd.DataFrame([{"variant": "naive", "problem": probs[0].name, "ok": True, "status": "ok"}]))
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(hb, "bench", bench)
+    assert main(["--suite", "quick", "--variants", "naive", "--out", str(tmp_path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "stopped: RuntimeError: CUDA error" in err and "it is partial" in err
+    assert len(pd.read_csv(tmp_path / "quick.csv")) == 1

@@ -645,8 +645,9 @@ def test_make_inputs_int_ranges_and_exactness(op: str):
     assert compare(h, ah, bh, h.from_logical(reference(h, ah, bh).half()), exact=True)["exact_equal"] is True
 
 
-def test_make_inputs_int_refused_past_the_exactness_limit():
-    """kind="int" is refused once reduction length × max|a| × max|b| > 2^24 (checked before any draw)."""
+def test_make_inputs_int_ranges_shrink_then_refuse_past_the_exactness_limit():
+    """kind="int" draws from INT_MAX while reduction length × max|a| × max|b| <= 2^24, from
+    {-1, 0, 1} for longer reductions up to 2^24 terms, and is refused past that (before any draw)."""
     lim = {"fprop": 2**24 // 6, "dgrad": 2**24 // 6, "wgrad": 2**24 // 3}
     assert lim == {op: 2**24 // (INT_MAX[op][0] * INT_MAX[op][1]) for op in OPS} == {
         "fprop": 2796202, "dgrad": 2796202, "wgrad": 5592405
@@ -657,12 +658,16 @@ def test_make_inputs_int_refused_past_the_exactness_limit():
         "wgrad": Conv2dProblem(N=1, C=1, H=1, W=lim["wgrad"], K=1, R=1, S=1, op="wgrad"),
     }
     for op, p in at.items():
-        assert p.reduction_length == lim[op] and p.int_partial_sum_bound <= 2**24
+        assert p.reduction_length == lim[op] and p.int_ranges == INT_MAX[op] and p.int_partial_sum_bound <= 2**24
         assert p.supports_kind("int") is None
         over = replace(p, C=p.C + 1) if op == "fprop" else replace(p, K=p.K + 1) if op == "dgrad" else replace(p, N=2)
-        assert over.int_partial_sum_bound > 2**24 and over.supports_kind("int")
-        with pytest.raises(ValueError, match=r"kind='int' is exact in fp32 only while reduction length"):
-            over.make_inputs(kind="int")
+        assert over.int_ranges == (1, 1) and over.int_partial_sum_bound <= 2**24 and over.supports_kind("int") is None
+        a, b = over.make_inputs(kind="int")
+        assert set(a.unique().tolist()) <= {-1.0, 0.0, 1.0} and set(b.unique().tolist()) <= {-1.0, 0.0, 1.0}
+    far = Conv2dProblem(N=1, C=2**24 + 1, H=1, W=1, K=1, R=1, S=1)
+    assert far.supports_kind("int")
+    with pytest.raises(ValueError, match=r"kind='int' is exact in fp32 only while reduction length"):
+        far.make_inputs(kind="int")
     # the edge suite's 2^31-element problem as wgrad reduces over 2.15e9 terms: refused
     big = Conv2dProblem(N=2, C=1, H=32800, W=32800, K=1, R=3, S=3, padding=1, op="wgrad")
     assert "reduces over 2151680000 terms" in big.supports_kind("int")

@@ -125,3 +125,57 @@ def test_fp16_outputs_in_the_subnormal_range_pass():
         assert bool((y.abs() < 6.1e-5).any())
         r = compare(p, x, w, y)
         assert r["worst_err_over_bound"] <= 1, (seed, r)
+
+
+def test_an_error_where_no_term_reaches_fails_in_fp64_and_past_the_bound():
+    """Elements that only see padding have scale 0: the bound there is the underflow floor, for
+    fp64 too (never 0/0 = NaN, which would hide the block's worst ratio), and also where the
+    coefficient is infinite (n·u >= 1)."""
+    import importlib
+
+    hc = importlib.import_module("helpers.check")
+    p = Conv2dProblem(N=1, C=2, H=5, W=5, K=3, R=1, S=1, padding=1, dtype="fp64")  # a 1x1 filter, padded: a zero border
+    x, w = p.make_inputs(seed=3)
+    y = reference(p, x, w).clone()
+    assert float(y[0, 0, 0, 0]) == 0.0
+    y[0, 0, 0, 0] = 1e-300  # wrong where no term reaches
+    r = compare(p, x, w, y, accum="fp64")
+    assert r["worst_err_over_bound"] > 1, r
+    y[0, 0, 0, 0] = 0.0
+    y[0, 1, 2, 2] *= 1 + 1e-6  # far over the fp64 bound inside the image
+    assert compare(p, x, w, y, accum="fp64")["worst_err_over_bound"] > 1e3
+    err = torch.tensor([0.0, 5.0, 1e-40])
+    ratio = hc.err_over_bound(err, torch.zeros(3), float("inf"), 1e-45)
+    assert ratio[0] == 0 and ratio[1] > 1 and ratio[2] > 1 and not torch.isnan(ratio).any()
+    assert hc.err_over_bound(torch.tensor([float("inf")]), torch.ones(1), 1.0, 0.0)[0] == float("inf")
+
+
+def test_the_default_verdict_combines_normal_and_int(monkeypatch):
+    """check(kind=None) runs normal and int, fails if either fails, and reports the worst measures."""
+    import importlib
+
+    from helpers.check import CheckResult
+
+    hc = importlib.import_module("helpers.check")
+    runs = []
+
+    def one(variant, problem, kind, seed, accum, device):
+        runs.append(kind)
+        bad = kind == "int"
+        return CheckResult("v", problem.name, kind, not bad, "integer inputs but not bit-exact" if bad else "",
+                           2.0 if bad else 1.0, 0.5 if bad else 0.25, 1e-7, 3 if bad else 0,
+                           False if bad else None, True)  # fmt: skip
+
+    monkeypatch.setattr(hc, "_check_kind", one)
+    p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
+    r = hc.check("naive", p)
+    assert runs == ["normal", "int"] and r.kind == "normal+int" and not r.ok
+    assert r.reason == "int: integer inputs but not bit-exact" and r.exact is False
+    assert (r.max_abs_err, r.worst_err_over_bound, r.nonfinite) == (2.0, 0.5, 3)
+    runs.clear()
+    long = Conv2dProblem(N=1, C=2**24 + 1, H=1, W=1, K=1, R=1, S=1)  # no exact integer run exists
+    r = hc.check("naive", long)
+    assert runs == ["normal"] and r.kind == "normal" and r.ok
+    runs.clear()
+    hc.check("naive", p, kind="int")
+    assert runs == ["int"]
