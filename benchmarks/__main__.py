@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", nargs="+", default=None, help="variant names (default: all registered)")
     ap.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="override the suite's dtype")
     ap.add_argument("--layout", default=None, choices=["NCHW", "NHWC"], help="override the suite's layout")
+    ap.add_argument("--op", default="fprop", choices=["fprop", "dgrad", "wgrad"],
+                    help="the operation (default: fprop); dgrad/wgrad time cuDNN's backward baselines")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<gpu>)")
     ap.add_argument("--no-check", action="store_true", help="time without checking correctness first")
     ap.add_argument("--skip-big", action="store_true", help="leave out problems with tensors of >= 2^31 elements")
@@ -42,12 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def default_variants(args: argparse.Namespace) -> list:
-    """Without ``--variants``: every variant, each run in its own layout and dtype
+    """Without ``--variants``: every variant of ``--op``, each run in its own layout and dtype
     (`helpers.bench.bench` adapts the suite's problems); with ``--dtype``/``--layout``, the
     variants that take that dtype and layout as they are (the suite's default: fp32, NCHW)."""
     from helpers import variants
 
-    vs = variants.all_variants()
+    vs = [v for v in variants.all_variants() if v.op == args.op]
     if not (args.dtype or args.layout):
         return vs
     dtype, layout = args.dtype or "fp32", args.layout or "NCHW"
@@ -63,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         print(f"python -m benchmarks: {e.args[0]}", file=sys.stderr)
         return 2
-    if not vs:
+    if not vs and args.op != "fprop" and not any(v.op == args.op for v in variants.all_variants()):
+        print(f"python -m benchmarks: no variant computes {args.op} yet: timing cuDNN's {args.op} baseline only",
+              file=sys.stderr)  # fmt: skip
+    elif not vs:
         takes = sorted({f"{d} {layout}" for v in variants.all_variants() for d in v.dtypes for layout in v.layouts})
         print(f"python -m benchmarks: no variant takes {args.dtype or 'fp32'} {args.layout or 'NCHW'}; "
               f"the variants take: {', '.join(takes)} (e.g. --dtype fp16 --layout NHWC)", file=sys.stderr)  # fmt: skip
@@ -87,14 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     from helpers import suites
     from helpers.bench import bench, cudnn_fp32_ieee, geomean_x_cudnn
 
-    probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout)
+    probs = suites.suite(args.suite, dtype=args.dtype, layout=args.layout, op=None if args.op == "fprop" else args.op)
     if args.skip_big:
         probs = [p for p in probs if not suites.is_big(p)]
     meta = gpu.versions()
     with cudnn_fp32_ieee() as prec:
         meta = {**meta, "cudnn_fp32_precision": prec, "suite": args.suite,
                 "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
-    stem = args.suite
+    stem = args.suite if args.op == "fprop" else f"{args.suite}_{args.op}"
     if args.dtype or args.layout:
         stem += "_" + "_".join(s for s in (args.dtype, args.layout) if s)
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])

@@ -179,3 +179,13 @@ def test_a_crash_inside_bench_keeps_the_rows_and_says_the_csv_is_partial(tmp_pat
     err = capsys.readouterr().err
     assert "stopped: RuntimeError: CUDA error" in err and "it is partial" in err
     assert len(pd.read_csv(tmp_path / "quick.csv")) == 1
+
+
+def test_op_selects_the_variants_that_compute_it():
+    from benchmarks.__main__ import default_variants, parse_args
+
+    assert parse_args([]).op == "fprop"
+    assert default_variants(parse_args(["--op", "dgrad"])) == []  # no backward kernels yet: cuDNN baselines only
+    assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
+    with pytest.raises(SystemExit):
+        parse_args(["--op", "backward"])
