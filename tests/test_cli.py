@@ -189,3 +189,24 @@ def test_op_selects_the_variants_that_compute_it():
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
     with pytest.raises(SystemExit):
         parse_args(["--op", "backward"])
+
+
+def test_every_variant_has_a_smoke_problem():
+    """`python -m benchmarks.smoke` (the run compute-sanitizer watches) finds a small problem for
+    every registered variant, on an H200-like device and on an sm_80 one with 48 KB."""
+    from benchmarks.smoke import smoke_problem
+    from helpers.variants import all_variants
+
+    for v in all_variants():
+        for limit, cc in ((227 * 1024, (9, 0)), (48 * 1024, (8, 0))):
+            p = smoke_problem(v, smem_limit=limit, cc=cc)
+            assert p is not None, (v.name, limit, cc)
+            assert p.x_numel < 10_000 and v.supports(p, smem_limit=limit, cc=cc) is None
+
+
+def test_device_session_script_parses_and_refuses_an_unknown_part(tmp_path: Path):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    env = {**os.environ, "OUT": str(tmp_path)}
+    r = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "unknown part nope" in r.stderr

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The verification runs of a GPU session, in parts that each fit one 10-minute device call:
+#
+#   benchmarks/device_session.sh tests      # pytest -q tests (CPU tests, compile tests, tests/gpu)
+#   benchmarks/device_session.sh sanitize   # compute-sanitizer memcheck + racecheck on benchmarks.smoke
+#   benchmarks/device_session.sh bench      # the committed suites: quick seed depthwise resnet50 (x3)
+#   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
+#
+# Logs go to $OUT (default ./out); a part that fails is logged and the next command still runs.
+# Results land where the commands write them (benchmarks/results/<gpu>/, notebooks/); the part
+# ends by packing them with the logs into $OUT/<part>.tar.gz. Exit status: 1 if any command failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: benchmarks/device_session.sh tests|sanitize|bench|notebooks [notebooks...]}
+shift
+out=${OUT:-out}
+mkdir -p "$out"
+status=0
+export PYTHONUNBUFFERED=1
+
+step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember a failure
+  local name=$1
+  shift
+  echo "== $name: $*"
+  local t0=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - t0)) s (log: $out/$name.log)"
+  tail -n 3 "$out/$name.log"
+  [ $rc -eq 0 ] || status=1
+}
+
+case "$part" in
+  tests)
+    step pytest python3 -m pytest -q tests -p no:cacheprovider --junitxml="$out/pytest.xml"
+    ;;
+  sanitize)
+    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.smoke
+    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m benchmarks.smoke
+    ;;
+  bench)
+    step quick python3 -m benchmarks --suite quick --no-progress
+    step seed python3 -m benchmarks --suite seed --no-progress
+    step depthwise python3 -m benchmarks --suite depthwise --no-progress
+    step resnet50_fp32 python3 -m benchmarks --suite resnet50 --variants blocked --no-progress
+    step resnet50_fp32_NHWC python3 -m benchmarks --suite resnet50 --layout NHWC --no-progress
+    step resnet50_fp16_NHWC python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress
+    ;;
+  notebooks)
+    step notebooks python3 -m benchmarks.notebooks "$@"
+    ;;
+  *)
+    echo "unknown part $part: tests, sanitize, bench or notebooks" >&2
+    exit 2
+    ;;
+esac
+tar -czf "$out/$part.tar.gz" "$out"/*.log $( [ -f "$out/pytest.xml" ] && echo "$out/pytest.xml" ) \
+  benchmarks/results notebooks 2>/dev/null
+echo "packed $out/$part.tar.gz; status $status"
+exit $status
