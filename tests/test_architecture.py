@@ -411,3 +411,26 @@ def test_pack_refuses_shadowing_and_python_numbers():
         kit.pack(P, "N", N=np.int32(99))
     with pytest.raises(TypeError, match=r"values \['GM'\] must be numpy scalars"):
         kit.pack(P, "GM", GM=5)
+
+
+def notebook_private_uses(source: str) -> list[str]:
+    """Private (underscore) names of the core or the days that a notebook's code reaches."""
+    fake = ROOT / "notebooks" / "cell.py"
+    mods, _ = imports(fake, source)
+    refs = [(m, n) for m, names in mods for n in names] + attribute_uses(fake, source)
+    return [f"{m}.{n}" for m, n in refs if m.split(".")[0] in ("helpers", "days") and _private(n)]
+
+
+def test_notebooks_use_only_public_names():
+    """The notebooks import the harness and the days through their public names only."""
+    import json
+
+    bad = []
+    for nb_path in sorted((ROOT / "notebooks").glob("day_*.ipynb")):
+        cells = [c for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code"]
+        source = "\n".join("".join(c["source"]) for c in cells)
+        source = "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        bad += [f"{nb_path.name}: {u}" for u in notebook_private_uses(source)]
+    assert not bad, bad
+    assert notebook_private_uses("import days.day12_igemm_pipelined as hp\nhp.tiles._instantiated()\n")
+    assert notebook_private_uses("from helpers.variants import _validate\n")
