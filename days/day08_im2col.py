@@ -129,7 +129,7 @@ def im2col_supports(p: Conv2dProblem) -> str | None:
     if nbytes > WORKSPACE_CAP:
         return (
             f"the lowered matrix would be M x R*S*C = {m:,} x {gk:,} fp32 = {nbytes / 2**30:.1f} GiB, over the "
-            f"workspace cap of {WORKSPACE_CAP / 2**30:g} GiB (helpers.im2col.WORKSPACE_CAP)"
+            f"workspace cap of {WORKSPACE_CAP / 2**30:g} GiB (days.day08_im2col.WORKSPACE_CAP)"
         )
     if m * gk > MAX_COL_ELEMENTS:
         return f"the lowered matrix has {m * gk:,} elements; im2col_nhwc indexes it with 32 bits (< 2^32)"

@@ -2,7 +2,7 @@
 coverage models of both kernels, the workspace size and the refusals.
 
 The lowered matrix is built in numpy with ``im2col_nhwc``'s own index arithmetic
-(`helpers.im2col.lower_emulate`) and compared with ``torch.nn.functional.unfold``, reordered to
+(`days.day08_im2col.lower_emulate`) and compared with ``torch.nn.functional.unfold``, reordered to
 rows (n, p, q) and columns (r, s, c). The kernels themselves run in tests/gpu/test_im2col_gpu.py.
 """
 

@@ -13,7 +13,7 @@
 //
 // Tiles. Output plane (n, c) is cut into tiles of TP rows x TQ = NSEG*DW_QPT columns; when a
 // whole plane is small (14x14, 7x7) one tile holds PL whole planes, so blocks are not tiny.
-// PL, TP, NSEG are chosen on the host (helpers/general.py) and passed as arguments:
+// PL, TP, NSEG are chosen on the host (days/day07_general.py) and passed as arguments:
 //   planes NC = N*C; strips ST = ceil(P/TP); column tiles CT = ceil(Q/TQ)
 //   blockIdx.x = (plane_group * ST + strip) * CT + column_tile      (1-D grid, < 2^31)
 //   input tile per plane: TH = (TP-1)*sh + (R-1)*dh + 1 rows (from h0 = strip*TP*sh - ph)

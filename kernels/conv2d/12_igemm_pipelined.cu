@@ -18,7 +18,7 @@
 //    channels are zero-filled by cp.async itself: src-size 0 writes 16 zero bytes and reads nothing.
 // 2. Tile descriptions as template parameters: block tile BM x BN x BK, WGM x WGN warps (warp
 //    tile BM/WGM x BN/WGN of 16 x 8 mma tiles), STAGES; the instruction is m16n8k16. One entry
-//    point per instantiated description (PIPE_ENTRIES below; helpers/pipelined.py names them
+//    point per instantiated description (PIPE_ENTRIES below; days/day12_igemm_pipelined/tiles.py names them
 //    and refuses the invalid ones with a reason before any launch).
 // 3. Input iterators (ITER), i.e. how a thread finds the 8 GEMM-K elements of its A chunks:
 //    OPTIMIZED    (C % 8 == 0, R and S <= 16) tap-major walk (day 09/11's vec path): per step
@@ -680,7 +680,7 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16) \
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, true, bf16)
 
-// PIPE_ENTRIES (helpers/pipelined.py reads this list; keep one entry per line)
+// PIPE_ENTRIES (days/day12_igemm_pipelined/tiles.py reads this list; keep one entry per line)
 PIPE_ENTRY(128, 128, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 2, OPTIMIZED, optimized)
