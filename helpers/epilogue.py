@@ -76,12 +76,11 @@ def check_operands(problem: Conv2dProblem, epilogue: Epilogue, operands: dict, r
     finite there and a nonzero beta must not round to 0 (the kernel would skip Cin).
 
     Raises:
-        TypeError: an operand that is not a tensor, or an epilogue that is not an `Epilogue`.
+        TypeError: an operand that is not a tensor (`helpers.variants.prepare` has checked that
+            ``epilogue`` is an `Epilogue`).
         ValueError: wrong shape, dtype, layout or device; beta without cin; alpha/beta float32
             cannot carry.
     """
-    if not isinstance(epilogue, Epilogue):
-        raise TypeError(f"epilogue must be a helpers.epilogue.Epilogue; got {type(epilogue).__name__}")
     for nm, t in operands.items():
         if t is None:
             continue

@@ -399,9 +399,10 @@ def _validate(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: 
         raise ValueError(f"{v.name} fuses no epilogue: it computes the plain {v.op}; got {epilogue}")
     check_tensors(problem, inputs, out)
     check_operands(problem, epilogue, operands, ref=inputs[0])
-    tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, **operands}
+    reads = {**dict(zip(problem.inputs, inputs)), **operands}
     if out is not None:
-        check_aliasing(problem.output, out, {**dict(zip(problem.inputs, inputs)), **operands})
+        check_aliasing(problem.output, out, reads)
+    tensors = {**reads, problem.output: out}
     if v.tensor_check_fn is not None:
         reason = v.tensor_check_fn(problem, tensors, epilogue)
         if reason:
