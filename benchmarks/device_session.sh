@@ -42,8 +42,8 @@ case "$part" in
     step quick python3 -m benchmarks --suite quick --no-progress
     step seed python3 -m benchmarks --suite seed --no-progress
     step depthwise python3 -m benchmarks --suite depthwise --no-progress
-    step resnet50_fp32 python3 -m benchmarks --suite resnet50 --variants blocked --no-progress
-    step resnet50_fp32_NHWC python3 -m benchmarks --suite resnet50 --layout NHWC --no-progress
+    step resnet50_fp32 python3 -m benchmarks --suite resnet50 --variants blocked --dtype fp32 --no-progress
+    step resnet50_fp32_NHWC python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NHWC --no-progress
     step resnet50_fp16_NHWC python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress
     ;;
   notebooks)

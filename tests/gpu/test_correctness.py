@@ -217,23 +217,30 @@ def test_time_gpu_is_well_formed():
 
 
 def test_bench_one_tiny_problem():
-    from helpers.bench import bench, geomean_x_cudnn
+    from helpers.bench import baseline_name, bench, geomean_x_cudnn
 
     p = quick()[0]
     df = bench(VARIANTS, [p], progress=False, timing_kw=dict(warmup=1, reps=5))
     assert "x_cudnn" in df.columns and "ms_p50" in df.columns
-    cudnn = df[df.variant == "cudnn"]
-    assert len(cudnn) == 1 and cudnn.x_cudnn.iloc[0] == 1.0 and cudnn.ms_p50.iloc[0] > 0
-    assert set(df.variant) == {"cudnn", *(v.name for v in VARIANTS)}
+    # Each variant runs in its own dtype and layout; each adapted (dtype, layout) gets its own
+    # cuDNN row, named by `baseline_name` ("cudnn" for the suite problem's own).
+    adapted = {v.name: v.adapt(p) for v in VARIANTS}
+    baselines = {baseline_name(q, p) for q in adapted.values()}
+    assert "cudnn" in baselines and len(baselines) > 1
+    assert set(df.variant) == baselines | set(adapted)
+    for b in baselines:
+        base = df[df.variant == b]
+        assert len(base) == 1 and base.x_cudnn.iloc[0] == 1.0 and base.ms_p50.iloc[0] > 0, b
     for v in VARIANTS:
         row = df[df.variant == v.name].iloc[0]
-        if v.supports(p, smem_limit=gpu.device_info().smem_per_block_optin) is None:
+        assert (row["dtype"], row["layout"]) == (adapted[v.name].dtype, adapted[v.name].layout)
+        if v.supports(adapted[v.name], smem_limit=gpu.device_info().smem_per_block_optin) is None:
             assert row.ok == True, f"{v.name}: {row.status}"  # noqa: E712
             assert row.x_cudnn > 0 and math.isfinite(row.x_cudnn) and row.tflops > 0
         else:
             assert str(row.status).startswith("unsupported")
     gm = geomean_x_cudnn(df)
-    assert "cudnn" not in gm.index and (gm > 0).all()
+    assert not set(gm.index) & baselines and (gm > 0).all()
 
 
 def test_interpreter_exits_cleanly():
