@@ -181,6 +181,42 @@ def test_a_crash_inside_bench_keeps_the_rows_and_says_the_csv_is_partial(tmp_pat
     assert len(pd.read_csv(tmp_path / "quick.csv")) == 1
 
 
+@pytest.mark.parametrize("naive_ran", [False, True])
+def test_a_named_variant_that_ran_on_nothing_exits_1(tmp_path: Path, monkeypatch, capsys, naive_ran):
+    """``--variants naive`` where naive refused every problem checked and timed nothing: exit 1
+    with a message naming it and why; the same run where naive ran exits 0."""
+    import importlib
+
+    import pandas as pd
+
+    from benchmarks.__main__ import main
+
+    hg = importlib.import_module("helpers.gpu")
+    hb = importlib.import_module("helpers.bench")
+    monkeypatch.setattr(hg, "has_gpu", lambda: True)
+    monkeypatch.setattr(hg, "init", lambda device=0: None)
+    monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
+                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+    monkeypatch.setattr(importlib.import_module("benchmarks.plot"), "redraw", lambda csv: csv)
+
+    def bench(vs, probs, **kw):
+        ran = {"ok": True, "status": "ok", "ms_p50": 2.0, "x_cudnn": 0.5}
+        refused = {"ok": None, "status": "unsupported: naive: planted refusal", "ms_p50": None, "x_cudnn": None}
+        naive = ran if naive_ran else refused
+        return pd.DataFrame([
+            {"variant": "cudnn", "problem": p.name, "ok": None, "status": "baseline", "ms_p50": 1.0, "x_cudnn": 1.0,
+             "tflops": 1.0} for p in probs
+        ] + [{"variant": "naive", "problem": p.name, "tflops": None, **naive} for p in probs])  # fmt: skip
+
+    monkeypatch.setattr(hb, "bench", bench)
+    rc = main(["--suite", "quick", "--variants", "naive", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    if naive_ran:
+        assert rc == 0 and "ran on no problem" not in err
+    else:
+        assert rc == 1 and "naive ran on no problem of the quick suite (unsupported)" in err
+
+
 def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 
