@@ -49,11 +49,16 @@ CURRICULUM = [
     (9, "implicit GEMM on CUDA cores, NHWC, 2-D register tiles, vector loads, double buffering", "igemm_simt"),
     (10, "tensor cores with WMMA (fp16/bf16 in, fp32 accumulate)", "igemm_wmma"),
     (11, "mma.sync + ldmatrix, swizzled shared memory", "igemm_mma"),
-    (12, "cp.async multistage pipeline, epilogue (alpha·conv + beta·C, bias, ReLU), iterator choices",
+    (12, "cp.async multistage pipeline alone: the ring of stages (a lean kernel, one tile, one iterator)",
      "igemm_pipelined"),
-    (13, "backward: dgrad and wgrad, fp32 accumulation, split-K serial and parallel", "dgrad, wgrad"),
-    (14, "autotuning tile configurations per workload; the ResNet-50 table vs cuDNN", "tuner"),
-    (15, "Hopper: wgmma and TMA (sm_90 only)", "igemm_wgmma"),
+    (13, "the production kernel: tile descriptions as data, analytic/optimized/few-channels iterators, threadblock "
+         "swizzle, fused epilogue (alpha·conv + beta·C, bias, ReLU)", "igemm_production"),
+    (14, "backward: dgrad (unit and strided) and wgrad, fp32 accumulation, split-K serial and parallel; a training "
+         "step through torch.autograd", "dgrad, wgrad"),
+    (15, "the per-workload tuner: search space, pruning model, parallel compile, on-disk cache; judged on workloads "
+         "it never saw", "tuner"),
+    (16, "Hopper: wgmma, TMA (tiled + im2col), mbarriers, warp specialisation, persistent blocks (sm_90a only)",
+     "igemm_wgmma"),
 ]  # fmt: skip
 
 

@@ -223,10 +223,10 @@ def test_the_import_checks_let_allowed_imports_pass():
                "import days.day09_igemm_simt as d\nt = d.Tile\n")  # fmt: skip
     assert not day_violations(d10, allowed)
     assert not day_violations(d10, "from helpers import variants\nv = variants.Variant\nd = x.__dict__\n")
-    d12 = ROOT / "days" / "day12_igemm_pipelined" / "rule.py"
-    assert not day_violations(d12, "from .tiles import TileDescription\nfrom ..kit import cdiv\nfrom . import tiles\n")
-    assert day_violations(d12, "from ..day11_igemm_mma import _mma_entry\n")
-    assert day_violations(d12, "from .. import day11_igemm_mma\nf = day11_igemm_mma._mma_entry\n")
+    d13 = ROOT / "days" / "day13_igemm_production" / "rule.py"
+    assert not day_violations(d13, "from .tiles import TileDescription\nfrom ..kit import cdiv\nfrom . import tiles\n")
+    assert day_violations(d13, "from ..day11_igemm_mma import _mma_entry\n")
+    assert day_violations(d13, "from .. import day11_igemm_mma\nf = day11_igemm_mma._mma_entry\n")
 
 
 class _Normalize(ast.NodeTransformer):
@@ -304,7 +304,7 @@ def test_the_duplicate_check_catches_a_planted_copy(copy):
 def test_every_day_module_is_imported_by_the_package():
     on_disk = {p.stem for p in (ROOT / "days").glob("day*.py")} | {p.name for p in (ROOT / "days").glob("day*/")}
     assert set(days.DAY_MODULES) == on_disk
-    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 13))
+    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 14))
 
 
 # ---- the kit -------------------------------------------------------------------------------------
@@ -432,5 +432,5 @@ def test_notebooks_use_only_public_names():
         source = "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
         bad += [f"{nb_path.name}: {u}" for u in notebook_private_uses(source)]
     assert not bad, bad
-    assert notebook_private_uses("import days.day12_igemm_pipelined as hp\nhp.tiles._instantiated()\n")
+    assert notebook_private_uses("import days.day13_igemm_production as hp\nhp.tiles._instantiated()\n")
     assert notebook_private_uses("from helpers.variants import _validate\n")

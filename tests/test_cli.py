@@ -91,7 +91,7 @@ def test_default_variants_follow_dtype_and_layout():
     nhwc = {v.name for v in default_variants(parse_args(["--layout", "NHWC"]))}
     assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic"}
     fp16 = {v.name for v in default_variants(parse_args(["--dtype", "fp16", "--layout", "NHWC"]))}
-    assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined"}
+    assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined", "igemm_production"}
     assert {v.name for v in default_variants(parse_args(["--dtype", "fp32"]))} == {
         v.name for v in all_variants() if "NCHW" in v.layouts and "fp32" in v.dtypes
     }

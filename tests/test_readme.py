@@ -134,7 +134,7 @@ def test_render_readme_replaces_only_between_markers(tmp_path: Path):
 def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
     table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]})
     lines = table.splitlines()
-    assert len(lines) == 2 + 16 and lines[2].startswith("| 00 | planned |")
+    assert len(lines) == 2 + 17 and lines[2].startswith("| 00 | planned |")
     assert lines[3].endswith("| `naive` |") and lines[6].endswith("| `a`, `b` |")
     assert lines[4].endswith("| *z_out* |")
 

@@ -384,7 +384,7 @@ def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkey
 
 def test_run_does_not_poison_an_in_place_cin_passed_as_a_view(stand_in_gpu):
     """cin may be the output's own memory under any view (y, y[:], y.view(...)): run must not NaN it."""
-    v = get("igemm_pipelined")
+    v = get("igemm_production")
     p = Conv2dProblem(N=1, C=8, H=4, W=4, K=8, R=1, S=1, dtype="fp16", layout="NHWC")
     x, w = p.make_inputs()
     from helpers.epilogue import Epilogue

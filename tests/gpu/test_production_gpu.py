@@ -1,8 +1,8 @@
-"""Day 12's pipelined kernel on a GPU (sm_80+; tests/test_pipelined.py is the CPU half).
+"""Day 13's production kernel on a GPU (sm_80+; tests/test_production.py is the CPU half).
 
 * every instantiated (tile description, iterator) pair, forced, on NHWC problems that divide no
   tile, in fp16 and bf16 (normal inputs, and integer inputs that must be bit-exact);
-* the automatic ``igemm_pipelined`` on the NHWC edge suite (normal, int, cancel);
+* the automatic ``igemm_production`` on the NHWC edge suite (normal, int, cancel);
 * every swizzle 0..3 on K = 300 with a 64-wide tile (some blocks have no filter tile): correct,
   and bitwise the same output whatever the swizzle;
 * the fused epilogue through `helpers.variants.prepare` and `helpers.epilogue.check_epilogue`;
@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from days.day12_igemm_pipelined import INSTANTIATED, choose, make_pipelined
+from days.day13_igemm_production import INSTANTIATED, choose, make_production
 from days.kit import TENSOR_CORE_CC as MIN_CC
 from helpers import gpu
 from helpers.check import bitwise_equal, check, compare
@@ -32,7 +32,7 @@ from helpers.variants import UnsupportedProblem, get, prepare, run
 
 pytestmark = pytest.mark.gpu
 
-V = get("igemm_pipelined")
+V = get("igemm_production")
 DTYPES = ("fp16", "bf16")
 
 
@@ -81,7 +81,7 @@ PROBLEMS = [
     nhwc(N=1, C=16, H=18, W=9, K=24, R=16, S=2, padding=(0, 1)),  # R = 16: the masks' last row bit; ph = 0, pw = 1
 ]
 PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]
-FORCED = {(t, it): make_pipelined(name=f"igemm_pipelined[{t},{it}]", tile=t, iterator=it) for t, it in PAIRS}
+FORCED = {(t, it): make_production(name=f"igemm_production[{t},{it}]", tile=t, iterator=it) for t, it in PAIRS}
 
 
 def _pair_cases():
@@ -109,7 +109,7 @@ def test_every_tile_and_iterator(tile, iterator, p, kind):
     reason = v.supports(p, smem_limit=smem_limit())
     if reason:
         pytest.skip(reason)
-    assert v.entry_for(p) == f"igemm_pipelined_{tile}_{iterator}_{p.dtype}"
+    assert v.entry_for(p) == f"igemm_production_{tile}_{iterator}_{p.dtype}"
     _assert_ok(check(v, p, kind=kind), p, kind)
 
 
@@ -145,7 +145,7 @@ SWIZZLE_PROBLEMS = [
 @pytest.mark.parametrize("p", SWIZZLE_PROBLEMS, ids=lambda p: p.name)
 @pytest.mark.parametrize("kind", ["normal", "int"])
 def test_swizzle(p, swizzle, kind):
-    v = make_pipelined(name=f"igemm_pipelined[swizzle={swizzle}]", tile="64x64x32_w2x2_s4", swizzle=swizzle)
+    v = make_production(name=f"igemm_production[swizzle={swizzle}]", tile="64x64x32_w2x2_s4", swizzle=swizzle)
     assert v.launch(p).grid[1] == -(-5 // 2**swizzle)
     _assert_ok(check(v, p, kind=kind), p, kind)
 
@@ -153,7 +153,7 @@ def test_swizzle(p, swizzle, kind):
 @pytest.mark.parametrize("p", SWIZZLE_PROBLEMS, ids=lambda p: p.name)
 def test_swizzle_changes_only_the_block_order(p):
     x, w = p.make_inputs(device="cuda", seed=4)
-    outs = [run(make_pipelined(name=f"sw{s}", tile="64x64x32_w2x2_s4", swizzle=s), p, x, w).clone() for s in range(4)]
+    outs = [run(make_production(name=f"sw{s}", tile="64x64x32_w2x2_s4", swizzle=s), p, x, w).clone() for s in range(4)]
     for s in range(1, 4):
         assert bitwise_equal(outs[0], outs[s]), f"swizzle {s} differs from swizzle 0"
 
@@ -311,7 +311,7 @@ def test_masked_off_copies_far_outside_x_read_nothing(sh, ph):
 def test_forced_few_channels_refuses_c64():
     p = nhwc(N=1, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)
     x, w = p.make_inputs(device="cuda")
-    v = make_pipelined(name="few_channels_64x64", tile="64x64x32_w2x2_s4", iterator="few_channels")
+    v = make_production(name="few_channels_64x64", tile="64x64x32_w2x2_s4", iterator="few_channels")
     with pytest.raises(UnsupportedProblem, match="few_channels iterator is for C <= 8"):
         run(v, p, x, w)
 
@@ -330,7 +330,7 @@ def test_forced_few_channels_refuses_c64():
 def test_int_inputs_match_torch_bit_for_bit(p):
     """Small-integer fp16 inputs: fp32 accumulation is exact, so ours equals cuDNN's output."""
     x, w = p.make_inputs(device="cuda", kind="int")
-    y = run("igemm_pipelined", p, x, w)
+    y = run("igemm_production", p, x, w)
     ref = F.conv2d(p.to_nchw(x), p.w_to_kcrs(w), **p.torch_kwargs())
     assert torch.equal(p.to_nchw(y), ref)
 

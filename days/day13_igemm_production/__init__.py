@@ -1,8 +1,9 @@
-"""Day 12: ``igemm_pipelined``, tensor-core implicit GEMM with a cp.async multistage pipeline.
+"""Day 13: ``igemm_production``, the production tensor-core implicit GEMM.
 
-``kernels/conv2d/12_igemm_pipelined.cu`` is day 11's mma.sync kernel (m16n8k16, ldmatrix,
-XOR-swizzled shared memory, fp32 accumulation, NHWC fp16/bf16) with four additions, each a
-parameter here. This package splits them by concern:
+``kernels/conv2d/13_igemm_production.cu`` is day 12's kernel (day 11's mma.sync m16n8k16,
+ldmatrix, XOR-swizzled shared memory, fp32 accumulation, NHWC fp16/bf16, fed by a cp.async ring
+of stages) grown into a production kernel: fragment double buffering in the main loop and four
+additions, each a parameter here. This package splits them by concern:
 
 * `tiles` — **tile descriptions** (`TileDescription`): block tile BM x BN x BK, WGM x WGN warps,
   pipeline stages, instruction shape; `TileDescription.reason` refuses an invalid one with the
@@ -17,8 +18,8 @@ parameter here. This package splits them by concern:
 * `variant` — the launch, the refusals, the coverage model and the **fused epilogue**
   D = act(alpha·conv(x, w) + beta·Cin + bias), act = identity or ReLU: ``cin``, ``bias`` and a
   `helpers.epilogue.Epilogue` go through `helpers.variants.prepare` by name;
-  `make_pipelined` builds a variant with any choice forced, and the registered
-  ``igemm_pipelined`` is the automatic one.
+  `make_production` builds a variant with any choice forced, and the registered
+  ``igemm_production`` is the automatic one.
 
 Sources: the PTX ISA ("cp.async", "cp.async.wait_group", "mma.sync m16n8k16", "ldmatrix");
 NVIDIA CUTLASS, ``docs/implicit_gemm_convolution.md`` (analytic / optimized / few-channels
@@ -31,7 +32,7 @@ from .rule import (
     ITERATORS,
     MAX_MASKED_TAPS,
     MIN_BLOCKS,
-    PipelinedConfig,
+    ProductionConfig,
     blocks,
     choose,
     choose_iterator,
@@ -40,11 +41,11 @@ from .rule import (
     iterator_reason,
 )
 from .tiles import CU_FILE, INSTANTIATED, INSTRUCTION, MAX_SMEM_PER_BLOCK, TILES, TileDescription, tiles_for
-from .variant import config_reason, covers, int32_walk_reason, make_pipelined, pipelined_launches, tensor_check
+from .variant import config_reason, covers, int32_walk_reason, make_production, production_launches, tensor_check
 
 __all__ = [
     "CU_FILE", "FEW_CHANNELS_MAX_C", "INSTANTIATED", "INSTRUCTION", "ITERATORS", "MAX_MASKED_TAPS",
-    "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "PipelinedConfig", "TileDescription", "blocks", "choose",
+    "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "ProductionConfig", "TileDescription", "blocks", "choose",
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
-    "iterator_reason", "make_pipelined", "pipelined_launches", "tensor_check", "tiles_for",
+    "iterator_reason", "make_production", "production_launches", "tensor_check", "tiles_for",
 ]  # fmt: skip

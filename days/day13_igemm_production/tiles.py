@@ -1,6 +1,6 @@
-"""Day 12's tile descriptions, and where they come from: the ``PIPE_ENTRY`` lines of the ``.cu``.
+"""Day 13's tile descriptions, and where they come from: the ``PIPE_ENTRY`` lines of the ``.cu``.
 
-A `TileDescription` names one configuration of ``kernels/conv2d/12_igemm_pipelined.cu``: block
+A `TileDescription` names one configuration of ``kernels/conv2d/13_igemm_production.cu``: block
 tile BM x BN x BK, WGM x WGN warps, pipeline stages, resident blocks per SM and the instruction
 shape. `TileDescription.reason` refuses one the kernel cannot build or launch, with the reason.
 `INSTANTIATED` ({tile name: iterators}) is read from the ``.cu`` file's ``PIPE_ENTRY`` lines, the
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from helpers.compile import kernel_path
 
-CU_FILE = "12_igemm_pipelined.cu"
+CU_FILE = "13_igemm_production.cu"
 INSTRUCTION = (16, 8, 16)  # mma.sync m16n8k16: the only instruction shape of the kernel
 MAX_SMEM_PER_BLOCK = 227 * 1024  # the largest opt-in of sm_80..sm_120 (H100/H200); `prepare` asks the device
 
@@ -87,7 +87,7 @@ class TileDescription:
         description: the ``optimized`` iterator, and either warp tiles of at most 64 accumulators
         per thread under a register cap (65536 / (threads · min_blocks)) of at least 160, or a cap
         of at least 255 with at most 16 loader chunk rows (A and B) per thread. Mirrors the
-        ``constexpr bool FRAG_DB`` of ``12_igemm_pipelined.cu``."""
+        ``constexpr bool FRAG_DB`` of ``13_igemm_production.cu``."""
         if self.bk not in (32, 64) or self.threads % (self.bk // 8):
             return False  # not a shape the kernel builds
         reg_cap = 65536 // (self.threads * max(self.min_blocks, 1))
@@ -101,7 +101,7 @@ class TileDescription:
         """None if the kernel can be built and launched with this description, else why not.
 
         The rules are the kernel's static_asserts and launch limits, then whether
-        ``12_igemm_pipelined.cu`` instantiates it (`TILES`)."""
+        ``13_igemm_production.cu`` instantiates it (`TILES`)."""
         im, inn, ik = INSTRUCTION
         if tuple(self.instruction) != INSTRUCTION:
             return f"instruction shape {self.instruction}: the kernel issues mma.sync m{im}n{inn}k{ik} only"

@@ -1,27 +1,22 @@
-// Day 12 - igemm_pipelined: day 11's mma.sync implicit GEMM, fed by a cp.async multistage pipeline,
-// with named tile descriptions, three input iterators, a threadblock swizzle and a fused epilogue.
+// Day 13 - igemm_production: day 12's cp.async-pipelined mma.sync implicit GEMM as a production
+// kernel: named tile descriptions, three input iterators, a threadblock swizzle and a fused epilogue.
 // NHWC, fp16/bf16 in and out, fp32 accumulation.
 //
-// What changed since day 11:
-// 1. cp.async multistage pipeline. Day 11 staged the next step's loads in registers and stored
-//    them to shared memory after the math (double buffering). Here global memory is copied
-//    straight into shared memory by cp.async.cg (16 bytes, L1 bypassed), STAGES - 1 steps ahead
-//    of the math, in a ring of STAGES shared stages:
-//        prologue: issue steps 0 .. STAGES-2, one commit group each
-//        step t:   wait until step t's group has landed (cp.async.wait_group STAGES-2);
-//                  __syncthreads();  issue step t + STAGES - 1 into slot (t - 1) % STAGES;
-//                  mma.sync on slot t % STAGES
-//    The slot refilled at step t is the one every warp finished at step t - 1 (the barrier
-//    proves it), so one barrier per step suffices. Where registers allow (see FRAG_DB below),
-//    warp fragments are double-buffered too: ldmatrix for slice kk + 1 of GEMM-K issues before
-//    the mma.sync of slice kk (CUTLASS's multistage mainloop). Padding and out-of-range rows or
-//    channels are zero-filled by cp.async itself: src-size 0 writes 16 zero bytes and reads nothing.
+// What changed since day 12 (12_igemm_pipelined.cu: day 11's one 128 x 128 x 32 tile, one
+// iterator, a plain store, fed by a ring of STAGES cp.async stages):
+// 1. The same cp.async ring (prologue of STAGES - 1 commit groups, then per step
+//    cp.async.wait_group STAGES-2, one __syncthreads(), the refill of slot (t - 1) % STAGES and
+//    the mma.sync of slot t % STAGES; empty groups at the tail), now for any tile description, and
+//    where registers allow (see FRAG_DB below) with warp fragments double-buffered too: ldmatrix
+//    for slice kk + 1 of GEMM-K issues before the mma.sync of slice kk (CUTLASS's multistage
+//    mainloop). Padding and out-of-range rows or channels are zero-filled by cp.async itself:
+//    src-size 0 writes 16 zero bytes and reads nothing.
 // 2. Tile descriptions as template parameters: block tile BM x BN x BK, WGM x WGN warps (warp
 //    tile BM/WGM x BN/WGN of 16 x 8 mma tiles), STAGES; the instruction is m16n8k16. One entry
-//    point per instantiated description (PIPE_ENTRIES below; days/day12_igemm_pipelined/tiles.py names them
+//    point per instantiated description (PIPE_ENTRIES below; days/day13_igemm_production/tiles.py names them
 //    and refuses the invalid ones with a reason before any launch).
 // 3. Input iterators (ITER), i.e. how a thread finds the 8 GEMM-K elements of its A chunks:
-//    OPTIMIZED    (C % 8 == 0, R and S <= 16) tap-major walk (day 09/11's vec path): per step
+//    OPTIMIZED    (C % 8 == 0, R and S <= 16) day 12's iterator, tap-major (day 09/11's vec path): per step
 //                 one filter tap (r, s) and BK channels; per-row base pointers and tap masks
 //                 (which filter rows and columns land inside the image) precomputed once, so a
 //                 step costs a 64-bit add and one AND-and-compare per chunk (CUTLASS's optimized
@@ -64,7 +59,7 @@
 // Offsets that grow with the tensors are 64-bit; R*S*C <= 2^31 - 64 and P*Q < 2^31 (Python checks).
 // sm_80+ (cp.async, ldmatrix, bf16 mma.sync; see tensor_core.cuh).
 //
-// Where each phase is (in file order; igemm_pipelined, the last function, runs them in this order):
+// Where each phase is (in file order; igemm_production, the last function, runs them in this order):
 //   Tile<...>            the tile description: the template parameters and every constant derived from them
 //   a_rows, b_rows       iterator set-up, all three iterators: per A chunk row its pixel's input origin and
 //                        base pointers, per B chunk row whether its filter exists
@@ -80,12 +75,12 @@
 //   Stage, StageRounded, StageFp32
 //                        epilogue pass 1, both forms: without Cin (ReLU, rounded into halves) and with
 //                        Cin (fp32)
-//   igemm_pipelined      which tile and which thread, the set-up calls, then, in its own body, the main
+//   igemm_production      which tile and which thread, the set-up calls, then, in its own body, the main
 //                        loop ("main loop": FRAG_DB, and its frag_db_loop and plain_loop branches) and
 //                        epilogue pass 2 ("epilogue, pass 2", both forms)
 // The PTX wrappers (swz, smem_addr, ldsm_x4, mma16816, pack2, cp_async16, cp_commit, cp_wait) are in
 // tensor_core.cuh. Every phase is __forceinline__, and the state the phases share is the kernel's
-// own variables: the set-up functions fill arrays that igemm_pipelined declares, and the iterator,
+// own variables: the set-up functions fill arrays that igemm_production declares, and the iterator,
 // fragment and Stage structs hold references to those variables, as lambdas capture them. In this
 // form the kernel compiles to the same SASS as the single-body version it replaced (every entry,
 // sm_80, sm_86, sm_89, sm_90, sm_120; CUDA 13.0). Forms that did not: the arrays grouped into
@@ -466,7 +461,7 @@ struct StageFp32 {
 
 // ---- the kernel: which tile, which thread; then the phases in order ---------------------------
 template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16>
-__device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
+__device__ __forceinline__ void igemm_production(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
                                                 const u16* cin, const u16* __restrict__ bias, const Conv cv,
                                                 float alpha, float beta, int relu, int swz_log) {
     using T = Tile<BM, BN, BK, WGM, WGN, STAGES, MINB, ITER, BF16>;
@@ -661,18 +656,18 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
 }
 
 // One entry point per (tile description, iterator, dtype):
-//   igemm_pipelined_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_b<MINB>_<iterator>_<fp16|bf16>
+//   igemm_production_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_b<MINB>_<iterator>_<fp16|bf16>
 // MINB is __launch_bounds__'s minimum number of resident blocks per SM: ptxas then keeps the
 // kernel within 65536 / (THREADS * MINB) registers per thread (occupancy traded for registers).
 // Arguments: x, w, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, cin, bias, alpha, beta,
 // relu, swz_log. THREADS = 32 * WGM * WGN.
 #define PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, BF16, DT)                                  \
     extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, MINB)                                         \
-        igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(              \
+        igemm_production_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(              \
             const u16* __restrict__ x, const u16* __restrict__ w, u16* y, int N, int C, int H, int W, int K,  \
             int R, int S, int P, int Q, int sh, int sw, int ph, int pw, int dh, int dw, const u16* cin,        \
             const u16* __restrict__ bias, float alpha, float beta, int relu, int swz_log) {                    \
-        igemm_pipelined<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16>(                                                 \
+        igemm_production<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16>(                                                 \
             x, w, y, cin, bias, Conv{N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw}, alpha, beta, relu,   \
             swz_log);                                                                                          \
     }
@@ -680,7 +675,7 @@ __device__ __forceinline__ void igemm_pipelined(const u16* __restrict__ x, const
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16) \
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, true, bf16)
 
-// PIPE_ENTRIES (days/day12_igemm_pipelined/tiles.py reads this list; keep one entry per line)
+// PIPE_ENTRIES (days/day13_igemm_production/tiles.py reads this list; keep one entry per line)
 PIPE_ENTRY(128, 128, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 2, OPTIMIZED, optimized)

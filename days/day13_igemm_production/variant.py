@@ -1,7 +1,7 @@
-"""Day 12's variant: the launch of one `PipelinedConfig` (tile, iterator, swizzle), its fused
+"""Day 13's variant: the launch of one `ProductionConfig` (tile, iterator, swizzle), its fused
 epilogue (``cin``, ``bias`` and the `helpers.epilogue.Epilogue` scalars go through
-`helpers.variants.prepare` by name), its refusals and its coverage model; `make_pipelined` builds
-one with any choice forced, and the registered ``igemm_pipelined`` is the automatic one.
+`helpers.variants.prepare` by name), its refusals and its coverage model; `make_production` builds
+one with any choice forced, and the registered ``igemm_production`` is the automatic one.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from ..kit import (
     pack,
     tile_visits,
 )
-from .rule import ITERATORS, PipelinedConfig, choose, iterator_reason
+from .rule import ITERATORS, ProductionConfig, choose, iterator_reason
 from .tiles import CU_FILE, INSTANTIATED, TileDescription
 
 
-def config_reason(p: Conv2dProblem, cfg: PipelinedConfig) -> str | None:
+def config_reason(p: Conv2dProblem, cfg: ProductionConfig) -> str | None:
     """None if ``cfg`` runs ``p``, else why not (tile, iterator, swizzle, 32-bit limits)."""
     reason = groups_one_reason(p) or implicit_gemm_int32_reason(p) or int32_walk_reason(p, cfg.tile.bk)
     if reason:
@@ -72,7 +72,7 @@ def int32_walk_reason(p: Conv2dProblem, bk: int) -> str | None:
     return None
 
 
-def pipelined_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: PipelinedConfig) -> list[KernelLaunch]:
+def production_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: ProductionConfig) -> list[KernelLaunch]:
     """One launch of ``cfg``'s entry on x, w, y, the sizes N, C, H, W, K, R, S, P, Q, strides,
     paddings, dilations (int32), the Cin and bias pointers (0 for none), alpha, beta (float32),
     relu and swz_log, the swizzle (int32)."""
@@ -81,7 +81,7 @@ def pipelined_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: PipelinedConfi
     return [KernelLaunch("main", cfg.entry(p.dtype), cfg.launch(p), args)]
 
 
-def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: PipelinedConfig) -> np.ndarray:
+def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: ProductionConfig) -> np.ndarray:
     """Writes per element of Y[m][k] (NHWC, flat) of the launch: block (bx, by) computes output tile
     (bx >> s, (by << s) + (bx & (2^s - 1))) and writes its rows < M, columns < K once; blocks past
     the last filter tile write nothing."""
@@ -90,7 +90,7 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: PipelinedConfig) -> np.n
     return gemm_writes(p.gemm.m, p.K, t.bm, t.bn, visits)
 
 
-def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue, cfg: PipelinedConfig) -> str | None:
+def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue, cfg: ProductionConfig) -> str | None:
     """x and w 16-byte aligned for the optimized iterator (cp.async of 16 bytes); y 16-byte
     aligned when K % 8 == 0 (16-byte stores), and so is cin when it is read (beta != 0).
     None or the reason."""
@@ -102,13 +102,13 @@ def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue, cfg: Pipel
     return reason
 
 
-def make_pipelined(
-    name: str = "igemm_pipelined",
+def make_production(
+    name: str = "igemm_production",
     tile: TileDescription | str | None = None,
     iterator: str | None = None,
     swizzle: int | None = None,
 ) -> Variant:
-    """A day-12 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
+    """A day-13 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
 
     Raises:
         ValueError: a forced tile that is invalid or not instantiated (the reason says which), an
@@ -131,17 +131,17 @@ def make_pipelined(
         )
     if swizzle is not None and not 0 <= swizzle <= 4:
         raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
-    pick: Callable[[Conv2dProblem], PipelinedConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
+    pick: Callable[[Conv2dProblem], ProductionConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
     forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
                        (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)  # fmt: skip
     return Variant(
         name=name,
-        day=12,
+        day=13,
         cu_file=CU_FILE,
-        summary="tensor cores: cp.async multistage pipeline, tile descriptions, iterators, swizzle, fused epilogue"
+        summary="the production kernel: cp.async pipeline, tile descriptions, three iterators, swizzle, fused epilogue"
         + (f" ({forced})" if forced else ""),
         supports_fn=lambda p: config_reason(p, pick(p)),
-        launches_fn=lambda p, ep: pipelined_launches(p, ep, pick(p)),
+        launches_fn=lambda p, ep: production_launches(p, ep, pick(p)),
         covers_fn=lambda p, launch: covers(p, launch, pick(p)),
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
@@ -154,4 +154,4 @@ def make_pipelined(
     )
 
 
-register(make_pipelined())
+register(make_production())

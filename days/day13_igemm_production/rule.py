@@ -1,5 +1,5 @@
-"""Day 12's choices per problem: the input iterator, the tile description (the tile rule) and
-the threadblock swizzle; `choose` makes all three into a `PipelinedConfig`.
+"""Day 13's choices per problem: the input iterator, the tile description (the tile rule) and
+the threadblock swizzle; `choose` makes all three into a `ProductionConfig`.
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ def choose_iterator(p: Conv2dProblem) -> str:
 #   SM): half the pipeline steps of BK = 32, so half the per-step copies, waits and barriers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).
-# Day 12's executed notebook (section 9) runs the sweep and compares the rule with the best tile
-# per layer; the rule is fitted to these layers and this GPU (day 14 tunes per workload).
+# Day 13's executed notebook (section 9) runs the sweep and compares the rule with the best tile
+# per layer; the rule is fitted to these layers and this GPU (day 15 tunes per workload).
 MIN_BLOCKS = 200
 
 
 def choose_tile(p: Conv2dProblem, iterator: str | None = None) -> TileDescription:
-    """The tile description ``igemm_pipelined`` runs for ``p`` (the rule above).
+    """The tile description ``igemm_production`` runs for ``p`` (the rule above).
 
     ``optimized``: K <= 64 -> 128x64x32_w2x2_s4_b1; else 128x128x64_w2x2_s3_b1 if it makes at
     least `MIN_BLOCKS` tiles, else 128x64x32_w2x2_s4_b1 if that does, else 64x64x64_w2x2_s4_b1.
@@ -84,7 +84,7 @@ def choose_swizzle(p: Conv2dProblem, tile: TileDescription) -> int:
 
 
 @dataclass(frozen=True)
-class PipelinedConfig:
+class ProductionConfig:
     """What one launch runs: a tile description, an iterator and a swizzle (log2)."""
 
     tile: TileDescription
@@ -92,7 +92,7 @@ class PipelinedConfig:
     swizzle: int
 
     def entry(self, dtype: str) -> str:
-        return f"igemm_pipelined_{self.tile.name}_{self.iterator}_{dtype}"
+        return f"igemm_production_{self.tile.name}_{self.iterator}_{dtype}"
 
     def launch(self, p: Conv2dProblem) -> LaunchConfig:
         """grid (ceil(M/BM) << swizzle, ceil(ceil(K/BN) / 2^swizzle)), block (32·warps)."""
@@ -104,13 +104,13 @@ class PipelinedConfig:
 
 def choose(
     p: Conv2dProblem, tile: TileDescription | str | None = None, iterator: str | None = None, swizzle: int | None = None
-) -> PipelinedConfig:
+) -> ProductionConfig:
     """The configuration for ``p``: each of ``tile`` (a `TileDescription` or its name),
     ``iterator`` and ``swizzle`` left None is chosen by `choose_tile`, `choose_iterator`,
     `choose_swizzle`. Nothing is validated here (see `config_reason`)."""
     it = iterator or choose_iterator(p)
     t = TileDescription.parse(tile) if isinstance(tile, str) else tile or choose_tile(p, it)
     sw = choose_swizzle(p, t) if swizzle is None else swizzle
-    return PipelinedConfig(t, it, sw)
+    return ProductionConfig(t, it, sw)
 
 

@@ -1,8 +1,8 @@
-"""Day 12 on the CPU: tile descriptions and their refusals, the entry points of the ``.cu`` file,
+"""Day 13 on the CPU: tile descriptions and their refusals, the entry points of the ``.cu`` file,
 the iterator, tile and swizzle choices, the write-coverage model under every swizzle, the
 epilogue reference and the refusals of `prepare` with a fused epilogue.
 
-The kernel itself runs in tests/gpu/test_pipelined_gpu.py; tests/test_compile.py builds the file
+The kernel itself runs in tests/gpu/test_production_gpu.py; tests/test_compile.py builds the file
 for every architecture. With nvcc on PATH one test here builds it for sm_90 once more and
 compares the ptxas entry names with `INSTANTIATED`.
 """
@@ -18,14 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from days import day12_igemm_pipelined as hp
-from days.day12_igemm_pipelined import (
+from days import day13_igemm_production as hp
+from days.day13_igemm_production import (
     CU_FILE,
     INSTANTIATED,
     ITERATORS,
     MIN_BLOCKS,
     TILES,
-    PipelinedConfig,
+    ProductionConfig,
     TileDescription,
     choose,
     choose_iterator,
@@ -33,8 +33,8 @@ from days.day12_igemm_pipelined import (
     choose_tile,
     covers,
     iterator_reason,
-    make_pipelined,
-    pipelined_launches,
+    make_production,
+    production_launches,
     tensor_check,
     tiles_for,
 )
@@ -46,7 +46,7 @@ from helpers.problem import Conv2dProblem
 from helpers.suites import suite
 from helpers.variants import MAX_GRID, Buffer, UnsupportedProblem, get, prepare, run
 
-V = get("igemm_pipelined")
+V = get("igemm_production")
 DTYPES = ("fp16", "bf16")
 PAIRS = [(t, it) for t, its in INSTANTIATED.items() for it in its]  # (tile name, iterator) instantiated
 H200_SMEM = 227 * 1024
@@ -77,7 +77,7 @@ def pipe_entry_lines() -> list[tuple[int, int, int, int, int, int, int, str, str
 
 
 def expected_entries() -> set[str]:
-    return {PipelinedConfig(TileDescription.parse(t), it, 0).entry(d) for t, it in PAIRS for d in DTYPES}
+    return {ProductionConfig(TileDescription.parse(t), it, 0).entry(d) for t, it in PAIRS for d in DTYPES}
 
 
 # ---- tile descriptions ----------------------------------------------------------------------
@@ -138,13 +138,13 @@ def test_shared_bytes_values(name, ring, total):
 def test_invalid_descriptions_name_the_problem(tile, limit, expect):
     reason = tile.reason() if limit is None else tile.reason(smem_limit=limit)
     assert reason is not None and expect in reason, reason
-    if limit is None:  # make_pipelined refuses it with the same reason
+    if limit is None:  # make_production refuses it with the same reason
         with pytest.raises(ValueError, match=re.escape(f"tile {tile.name}: {reason}")):
-            make_pipelined(tile=tile)
-    else:  # within the largest opt-in: make_pipelined takes it; `supports` checks the device's limit
+            make_production(tile=tile)
+    else:  # within the largest opt-in: make_production takes it; `supports` checks the device's limit
         p = nhwc(N=1, C=8, H=8, W=8, K=8, R=1, S=1)
-        assert make_pipelined(tile=tile).supports(p, smem_limit=limit) is not None
-        assert make_pipelined(tile=tile).supports(p, smem_limit=H200_SMEM) is None
+        assert make_production(tile=tile).supports(p, smem_limit=limit) is not None
+        assert make_production(tile=tile).supports(p, smem_limit=H200_SMEM) is None
 
 
 def test_not_instantiated_lists_the_instantiated_ones():
@@ -184,7 +184,7 @@ def test_instantiated_list_matches_the_pipe_entry_lines():
 def test_entry_names_follow_the_macro():
     src = hc.kernel_path(CU_FILE).read_text()
     flat = re.sub(r"\s+", "", src)
-    assert "igemm_pipelined_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(" in flat
+    assert "igemm_production_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(" in flat
     assert "__launch_bounds__(32*WGM*WGN,MINB)" in flat
     assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,MINB,ITER,ITNAME,false,fp16)" in flat
     assert "PIPE_ENTRY_T(BM,BN,BK,WGM,WGN,ST,MINB,ITER,ITNAME,true,bf16)" in flat
@@ -192,16 +192,16 @@ def test_entry_names_follow_the_macro():
     assert len(entries) == 2 * len(PAIRS)
     for e in entries:
         assert re.fullmatch(
-            r"igemm_pipelined_\d+x\d+x\d+_w\d+x\d+_s\d+_b\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
+            r"igemm_production_\d+x\d+x\d+_w\d+x\d+_s\d+_b\d+_(analytic|optimized|few_channels)_(fp16|bf16)", e
         )
     for t, it in PAIRS:
         for d in DTYPES:
-            v = make_pipelined(tile=t, iterator=it)
+            v = make_production(tile=t, iterator=it)
             p = nhwc(d, N=1, C=8 if it != "analytic" else 12, H=6, W=6, K=8, R=3, S=3, padding=1)
             if it == "few_channels":
                 p = replace(p, C=3, name="")
             assert v.supports(p, smem_limit=H200_SMEM) is None
-            assert v.entry_for(p) == f"igemm_pipelined_{t}_{it}_{d}" and v.entry_for(p) in entries
+            assert v.entry_for(p) == f"igemm_production_{t}_{it}_{d}" and v.entry_for(p) in entries
 
 
 def test_kernel_arguments_match_the_launch_by_name():
@@ -217,8 +217,8 @@ def test_kernel_arguments_match_the_launch_by_name():
         return Buffer if "*" in decl else np.float32 if decl.startswith("float") else np.int32
 
     p = nhwc(N=2, C=16, H=9, W=7, K=24, R=3, S=2, stride=(2, 1), padding=(1, 0), dilation=(1, 2))
-    cfg = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 3)
-    (launch,) = pipelined_launches(p, Epilogue(alpha=2.0, beta=-1.0, relu=True), cfg)
+    cfg = ProductionConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 3)
+    (launch,) = production_launches(p, Epilogue(alpha=2.0, beta=-1.0, relu=True), cfg)
     args = launch.args
     assert [kind(d) for d in decls] == [type(a) for a in args]
     got = {nm: (a.name if isinstance(a, Buffer) else a.item()) for nm, a in zip(names, args)}
@@ -228,7 +228,7 @@ def test_kernel_arguments_match_the_launch_by_name():
         "ph": 1, "pw": 0, "dh": 1, "dw": 2, "cin": "cin", "bias": "bias", "alpha": 2.0, "beta": -1.0,
         "relu": 1, "swz_log": 3,
     }  # fmt: skip
-    (plain,) = pipelined_launches(p, PLAIN, cfg)
+    (plain,) = production_launches(p, PLAIN, cfg)
     assert [a.item() for a in plain.args[20:23]] == [1.0, 0.0, 0]
 
 
@@ -286,11 +286,11 @@ def test_optimized_iterator_needs_16_filter_rows_and_columns(R, S):
     assert choose_iterator(replace(p, C=8, name="")) == "few_channels"  # C <= 8 keeps its packed walk
     edge = nhwc(N=1, C=16, H=20, W=20, K=16, R=16, S=16)
     assert iterator_reason(edge, "optimized") is None and choose_iterator(edge) == "optimized"
-    big = make_pipelined(name="big17", tile="128x128x64_w2x2_s3_b1")  # only built with optimized
+    big = make_production(name="big17", tile="128x128x64_w2x2_s3_b1")  # only built with optimized
     reason = big.supports(p, smem_limit=H200_SMEM)
     assert "not instantiated with the analytic iterator" in reason and "optimized: " in reason
     assert "R, S <= 16" in reason
-    forced = make_pipelined(name="opt17", iterator="optimized")
+    forced = make_production(name="opt17", iterator="optimized")
     assert "R, S <= 16" in forced.supports(p, smem_limit=H200_SMEM)
     x, w = p.make_inputs()  # CPU tensors: the problem is refused before they are looked at
     with pytest.raises(UnsupportedProblem, match=re.escape("R, S <= 16")):
@@ -303,7 +303,7 @@ def test_optimized_iterator_needs_16_filter_rows_and_columns(R, S):
 @pytest.mark.parametrize(
     "kw, expect",
     [
-        ({"tile": "64x128x32_w2x2_s4"}, "tile 64x128x32_w2x2_s4_b1: 12_igemm_pipelined.cu has no entry point"),
+        ({"tile": "64x128x32_w2x2_s4"}, "tile 64x128x32_w2x2_s4_b1: 13_igemm_production.cu has no entry point"),
         ({"tile": "256x256x32_w2x2_s3"}, "512 fp32 accumulators"),
         ({"tile": TileDescription(64, 64, 32, 2, 2, 4, instruction=(16, 8, 8))}, "instruction shape"),
         ({"tile": "64x64"}, "a tile name looks like"),
@@ -312,25 +312,25 @@ def test_optimized_iterator_needs_16_filter_rows_and_columns(R, S):
         ({"swizzle": -1}, "swizzle = -1"),
     ],
 )
-def test_make_pipelined_refuses(kw, expect):
+def test_make_production_refuses(kw, expect):
     with pytest.raises(ValueError, match=re.escape(expect)):
-        make_pipelined(**kw)
+        make_production(**kw)
 
 
 def test_forced_iterator_refused_per_problem():
     c3 = nhwc(N=2, C=3, H=16, W=16, K=64, R=3, S=3, padding=1)
     c64 = replace(c3, C=64, name="")
-    reason = make_pipelined(iterator="optimized").supports(c3, smem_limit=2**31)
-    assert reason.startswith("igemm_pipelined: ") and "C % 8 == 0" in reason and "C = 3" in reason
-    assert "C <= 8" in make_pipelined(iterator="few_channels").supports(c64, smem_limit=2**31)
-    forced = make_pipelined(name="forced_analytic", iterator="analytic")
+    reason = make_production(iterator="optimized").supports(c3, smem_limit=2**31)
+    assert reason.startswith("igemm_production: ") and "C % 8 == 0" in reason and "C = 3" in reason
+    assert "C <= 8" in make_production(iterator="few_channels").supports(c64, smem_limit=2**31)
+    forced = make_production(name="forced_analytic", iterator="analytic")
     assert forced.supports(c64, smem_limit=2**31) is None
     assert forced.entry_for(c64).endswith("_analytic_fp16") and "iterator=analytic" in forced.summary
     assert V.entry_for(c64).endswith("_optimized_fp16") and V.entry_for(c3).endswith("_few_channels_fp16")
     # a forced tile whose entry exists for another iterator only
-    reason = make_pipelined(tile="256x64x32_w4x2_s4").supports(c3, smem_limit=2**31)
+    reason = make_production(tile="256x64x32_w4x2_s4").supports(c3, smem_limit=2**31)
     assert "256x64x32_w4x2_s4_b1 is not instantiated with the few_channels iterator" in reason
-    assert make_pipelined(tile="256x64x32_w4x2_s4").supports(c64, smem_limit=2**31) is None
+    assert make_production(tile="256x64x32_w4x2_s4").supports(c64, smem_limit=2**31) is None
 
 
 def test_refusals_of_the_variant():
@@ -340,7 +340,7 @@ def test_refusals_of_the_variant():
     assert "layout NHWC; got NCHW" in V.supports(replace(ok, layout="NCHW", name=""))
     assert "groups=1; got 2" in V.supports(replace(ok, groups=2, name=""))
     # the CPU default limit (48 KB without opt-in) refuses the large tiles; 227 KB takes them
-    big = make_pipelined(tile="256x64x32_w4x2_s4")  # 4 stages of (256 + 64) x 32 halves: 80 KB
+    big = make_production(tile="256x64x32_w4x2_s4")  # 4 stages of (256 + 64) x 32 halves: 80 KB
     assert "needs 81920 B of shared memory per block; the limit is 49152 B" in big.supports(ok, smem_limit=48 * 1024)
     assert big.supports(ok, smem_limit=H200_SMEM) is None
     for p in suite("resnet50", dtype="fp16", layout="NHWC")[:4]:
@@ -352,7 +352,7 @@ def test_unsupported_forced_iterator_refused_before_the_tensors():
     """`run` refuses a problem the forced iterator cannot take before looking at the tensors."""
     p = nhwc(N=1, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)
     x, w = p.make_inputs()  # CPU tensors: check_tensors would say so, but the problem is refused first
-    v = make_pipelined(name="few64", tile="64x64x32_w2x2_s4", iterator="few_channels")
+    v = make_production(name="few64", tile="64x64x32_w2x2_s4", iterator="few_channels")
     with pytest.raises(UnsupportedProblem, match="few_channels iterator is for C <= 8; got C = 64"):
         run(v, p, x, w)
 
@@ -364,7 +364,7 @@ def test_tensor_check_alignment():
     p = nhwc(N=1, C=16, H=6, W=6, K=16, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape, dtype=torch.float16)
-    opt = PipelinedConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 0)
+    opt = ProductionConfig(TileDescription.parse("64x64x32_w2x2_s4"), "optimized", 0)
     ana = replace(opt, iterator="analytic")
     assert tensor_check(p, {"x": x, "w": w, "y": y}, PLAIN, opt) is None
     assert tensor_check(p, {"x": x, "w": w, "y": None}, PLAIN, opt) is None
@@ -389,7 +389,7 @@ def test_misaligned_x_refused_before_the_gpu(monkeypatch):
 
     monkeypatch.setattr(gpu, "device_info", touched)
     monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
-    with pytest.raises(ValueError, match=r"igemm_pipelined: x\.data_ptr\(\) is not 16-byte aligned"):
+    with pytest.raises(ValueError, match=r"igemm_production: x\.data_ptr\(\) is not 16-byte aligned"):
         prepare(V, p, misaligned(x), w)
 
 
@@ -407,7 +407,7 @@ COVER_PROBLEMS = [
 ]
 
 
-def brute_force_covers(p: Conv2dProblem, grid: tuple[int, int, int], cfg: PipelinedConfig) -> np.ndarray:
+def brute_force_covers(p: Conv2dProblem, grid: tuple[int, int, int], cfg: ProductionConfig) -> np.ndarray:
     """The kernel's block -> tile mapping, block by block, as written in the .cu file."""
     t, lg = cfg.tile, cfg.swizzle
     counts = np.zeros((p.gemm.m, p.K), dtype=np.int64)
@@ -426,7 +426,7 @@ def test_every_output_written_once(tile, iterator):
     claimed = 0
     for p in COVER_PROBLEMS:
         for s in range(4):
-            v = make_pipelined(tile=tile, iterator=iterator, swizzle=s)
+            v = make_production(tile=tile, iterator=iterator, swizzle=s)
             if v.supports(p, smem_limit=H200_SMEM) is not None:
                 assert iterator_reason(p, iterator), (p.name, v.supports(p, smem_limit=H200_SMEM))
                 continue
@@ -448,7 +448,7 @@ def test_every_output_written_once(tile, iterator):
 
 def test_swizzle_leaves_blocks_idle_when_filter_tiles_do_not_fill_the_group():
     p = COVER_PROBLEMS[3]  # K = 300, BN = 64: 5 filter tiles
-    v = make_pipelined(tile="64x64x32_w2x2_s4", swizzle=3)
+    v = make_production(tile="64x64x32_w2x2_s4", swizzle=3)
     cfg = v.launch(p)
     m_tiles = -(-p.gemm.m // 64)
     assert cfg.grid == (m_tiles * 8, 1, 1)  # 8 filter-tile slots per A tile, 3 of them past K
@@ -751,7 +751,7 @@ def test_kernel_32_bit_walk_limits():
     32-bit in the kernel, so problems where they would wrap are refused (the automatic variant and
     a forced BK = 64 tile)."""
     wide_c = nhwc(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1)
-    assert "plus two BK = 64 steps" in make_pipelined(tile="64x64x64_w2x2_s4_b1").supports(wide_c, smem_limit=2**31)
+    assert "plus two BK = 64 steps" in make_production(tile="64x64x64_w2x2_s4_b1").supports(wide_c, smem_limit=2**31)
     far = nhwc(N=1, C=8, H=4, W=1, K=8, R=3, S=1, stride=(2**20, 1), padding=(2**31 - 1, 0), dilation=(2**30 + 1, 1))
     assert "input rows" in V.supports(far, smem_limit=2**31)
     assert hp.int32_walk_reason(nhwc(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1), 64) is None
