@@ -9,7 +9,7 @@
   threadblock swizzle, `gemm_writes` for GEMM-shaped outputs (tile visits x the rows and columns
   a block stores);
 * claims and requirements: `same_conv_reason` (days 01-06), `groups_one_reason`,
-  `implicit_gemm_int32_reason` (days 09-12), `chunks16` (16-byte vector paths) and
+  `implicit_gemm_int32_reason` (days 09-13), `chunks16` (16-byte vector paths) and
   `alignment_reason` (pointers the vector paths need aligned);
 * the kernels' 32-bit arithmetic, refused before a launch rather than wrapped in it:
   `int32_reason` (a product or sum in ``int``), `ceil_div_reason` (``CEIL_DIV`` of a size),
@@ -33,7 +33,7 @@ from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig
 
 VEC_BYTES = 16  # one 16-byte vector access: a float4, or 8 fp16/bf16 values
-TENSOR_CORE_CC = (8, 0)  # the tensor-core days (10-12): bf16 fragments, mma.sync + ldmatrix, cp.async
+TENSOR_CORE_CC = (8, 0)  # the tensor-core days (10-13): bf16 fragments, mma.sync + ldmatrix, cp.async
 
 
 def cdiv(a: int, b: int) -> int:
@@ -176,14 +176,16 @@ def gemm_writes(
     return (per_tile * rh[rows % bm][:, None] * ch[cols % bn][None, :]).ravel()
 
 
-def gemm_tile_launch(p: Conv2dProblem, bm: int, bn: int, threads: int) -> LaunchConfig:
-    """One block per bm x bn output tile of the GEMM view, unswizzled (days 09-11): grid
-    (ceil(GEMM-M / bm), ceil(GEMM-N / bn), 1) of ``threads``-thread blocks, static shared memory only."""
-    return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.gemm.n, bn), 1), block=(threads, 1, 1))
+def gemm_tile_launch(p: Conv2dProblem, bm: int, bn: int, threads: int, shared_bytes: int = 0) -> LaunchConfig:
+    """One block per bm x bn output tile of the GEMM view, unswizzled (days 09-12): grid
+    (ceil(GEMM-M / bm), ceil(GEMM-N / bn), 1) of ``threads``-thread blocks with ``shared_bytes``
+    of dynamic shared memory (0: static shared memory only, days 09-11)."""
+    return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.gemm.n, bn), 1), block=(threads, 1, 1),
+                        shared_bytes=shared_bytes)  # fmt: skip
 
 
 def blocks(p: Conv2dProblem, tile) -> int:
-    """Output tiles of ``p``'s GEMM view under a tile with ``bm`` x ``bn`` (days 09-12):
+    """Output tiles of ``p``'s GEMM view under a tile with ``bm`` x ``bn`` (days 09-13):
     ceil(GEMM-M / BM) · ceil(GEMM-N / BN), the blocks of an unswizzled launch."""
     return cdiv(p.gemm.m, tile.bm) * cdiv(p.gemm.n, tile.bn)
 
@@ -218,7 +220,7 @@ MAX_GEMM_K = INT32_MAX - 31
 
 
 def implicit_gemm_int32_reason(p: Conv2dProblem) -> str | None:
-    """The implicit-GEMM kernels' (days 09-12) 32-bit arithmetic: GEMM-K = R*S*C at most
+    """The implicit-GEMM kernels' (days 09-13) 32-bit arithmetic: GEMM-K = R*S*C at most
     `MAX_GEMM_K` (filter offsets and the GEMM-K walk), and P*Q < 2^31 (each thread decodes its
     output pixel as ``int pq = m % (P*Q)``). None, or the reason."""
     if p.R * p.S * p.C > MAX_GEMM_K:
