@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The verification runs of a GPU session, in parts that each fit one 10-minute device call:
 #
-#   benchmarks/device_session.sh tests      # pytest -q tests (CPU tests, compile tests, tests/gpu)
-#   benchmarks/device_session.sh sanitize   # compute-sanitizer memcheck + racecheck on benchmarks.smoke
-#   benchmarks/device_session.sh bench      # the committed suites: quick seed depthwise resnet50 (x3)
+#   benchmarks/device_session.sh tests [PATH ...]  # pytest -q tests (CPU tests, compile tests, tests/gpu),
+#                                                   # or only the given test files
+#   benchmarks/device_session.sh sanitize [VARIANT ...]  # compute-sanitizer memcheck + racecheck on benchmarks.smoke
+#   benchmarks/device_session.sh bench [SUITE ...]  # the committed CSVs: quick seed depthwise edge
+#                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
+#
+# e.g. after the day 12 / day 13 split (day 12 = igemm_pipelined, day 13 = igemm_production):
+#   benchmarks/device_session.sh tests tests/gpu/test_pipelined_gpu.py tests/gpu/test_production_gpu.py
+#   benchmarks/device_session.sh sanitize igemm_pipelined igemm_production
+#   benchmarks/device_session.sh bench quick seed edge resnet50_fp16_NHWC   # the CSVs with tensor-core rows
 #
 # Logs go to $OUT (default ./out); a part that fails is logged and the next command still runs.
 # Results land where the commands write them (benchmarks/results/<gpu>/, notebooks/); the part
@@ -32,19 +39,26 @@ step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember a failure
 
 case "$part" in
   tests)
-    step pytest python3 -m pytest -q tests -p no:cacheprovider --junitxml="$out/pytest.xml"
+    step pytest python3 -m pytest -q "${@:-tests}" -p no:cacheprovider --junitxml="$out/pytest.xml"
     ;;
   sanitize)
-    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.smoke
-    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m benchmarks.smoke
+    variants=()
+    [ $# -gt 0 ] && variants=(--variants "$@")
+    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.smoke "${variants[@]}"
+    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m benchmarks.smoke "${variants[@]}"
     ;;
   bench)
-    step quick python3 -m benchmarks --suite quick --no-progress
-    step seed python3 -m benchmarks --suite seed --no-progress
-    step depthwise python3 -m benchmarks --suite depthwise --no-progress
-    step resnet50_fp32 python3 -m benchmarks --suite resnet50 --variants blocked --dtype fp32 --no-progress
-    step resnet50_fp32_NHWC python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NHWC --no-progress
-    step resnet50_fp16_NHWC python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress
+    suites=("$@")
+    [ ${#suites[@]} -gt 0 ] || suites=(quick seed depthwise edge resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC)
+    for s in "${suites[@]}"; do
+      case "$s" in
+        quick | seed | depthwise | edge) step "$s" python3 -m benchmarks --suite "$s" --no-progress ;;
+        resnet50_fp32) step "$s" python3 -m benchmarks --suite resnet50 --variants blocked --dtype fp32 --no-progress ;;
+        resnet50_fp32_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NHWC --no-progress ;;
+        resnet50_fp16_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress ;;
+        *) echo "unknown suite $s" >&2; status=1 ;;
+      esac
+    done
     ;;
   notebooks)
     step notebooks python3 -m benchmarks.notebooks "$@"

@@ -1,7 +1,7 @@
 """python -m benchmarks.smoke: every variant once on a small problem it claims, checked.
 
     python -m benchmarks.smoke                                   # every registered variant
-    python -m benchmarks.smoke --variants igemm_pipelined        # just these
+    python -m benchmarks.smoke --variants igemm_pipelined igemm_production   # just these
     compute-sanitizer --tool memcheck python -m benchmarks.smoke # the run the sanitizers watch
     compute-sanitizer --tool racecheck python -m benchmarks.smoke --variants shared
 

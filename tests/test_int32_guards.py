@@ -1,4 +1,4 @@
-"""The kernels' 32-bit arithmetic (days 01-11): every `int` expression that a problem inside the
+"""The kernels' 32-bit arithmetic (days 01-12): every `int` expression that a problem inside the
 int32 arguments could push past INT32_MAX is refused by the variant's ``supports``, with a reason
 that names it, and nothing just inside the limit is.
 
@@ -280,6 +280,9 @@ CASES = [
     # days 08-11: h0 + r*dh, h0 = p*sh - ph (im2col_nhwc: h = p*sh - ph + r*dh)
     *[(v, "rows", nchw(stride=(2**30, 1), **TOP_PAD), nchw(stride=(2**30 - 1, 1), **TOP_PAD), "p*sh - ph + r*dh",
        full_rows) for v in ("im2col", "igemm_simt_analytic", "igemm_simt", "igemm_wmma", "igemm_mma")],
+    # day 12 (C % 8 == 0 only): the tap masks' h0 + r*dh, h0 = p*sh - ph
+    ("igemm_pipelined", "rows", nchw(C=8, stride=(2**30, 1), **TOP_PAD), nchw(C=8, stride=(2**30 - 1, 1), **TOP_PAD),
+     "p*sh - ph + r*dh", full_rows),
     # day 11, scalar path (C % 8 != 0): rr = kg / (S*C) of the last step's lanes past GEMM-K
     ("igemm_mma", "scalar_rr", nchw(H=69273668, W=1, R=2, S=1, dilation=(69273667, 1)),
      nchw(H=69273667, W=1, R=2, S=1, dilation=(69273666, 1)), "p*sh - ph + r*dh", mma_scalar_rows),
@@ -422,6 +425,6 @@ def test_guards_refuse_no_committed_suite_problem_for_int32(suite_name):
     from helpers.variants import all_variants
 
     for p in suite(suite_name):
-        for v in all_variants(max_day=11):
+        for v in all_variants(max_day=12):
             reason = v.supports(v.adapt(p), smem_limit=BIG)
             assert reason is None or "INT32_MAX" not in reason, (p.name, v.name, reason)
