@@ -62,3 +62,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = big_skip_reason()
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def misaligned():
+    """``misaligned(t)``: a contiguous copy of tensor ``t`` (on its device) whose data starts one
+    element (2 bytes for fp16/bf16) past an aligned allocation, as a view with a storage offset
+    would; for the tests of the 16-byte (and 4-byte) alignment refusals."""
+
+    def make(t):
+        import torch
+
+        out = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+        out.copy_(t)
+        assert out.is_contiguous() and out.data_ptr() % 16 == t.element_size()
+        return out
+
+    return make

@@ -56,14 +56,6 @@ def nhwc(dtype: str = "fp16", **kw) -> Conv2dProblem:
     return Conv2dProblem(layout="NHWC", dtype=dtype, **kw)
 
 
-def misaligned(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor like t whose data starts one element (2 bytes) past an aligned allocation."""
-    out = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
-    out.copy_(t)
-    assert out.is_contiguous() and out.data_ptr() % 16 == 2
-    return out
-
-
 def pipe_entry_lines() -> list[tuple[int, int, int, int, int, int, int, str, str]]:
     """(BM, BN, BK, WGM, WGN, STAGES, MINB, ITER enum, iterator name) of every ``PIPE_ENTRY(...)`` line."""
     src = hc.kernel_path(CU_FILE).read_text()
@@ -360,7 +352,7 @@ def test_unsupported_forced_iterator_refused_before_the_tensors():
 # ---- tensor checks --------------------------------------------------------------------------
 
 
-def test_tensor_check_alignment():
+def test_tensor_check_alignment(misaligned):
     p = nhwc(N=1, C=16, H=6, W=6, K=16, R=3, S=3, padding=1)
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape, dtype=torch.float16)
@@ -377,20 +369,6 @@ def test_tensor_check_alignment():
     x7, w7 = p7.make_inputs()
     y7 = misaligned(torch.empty(p7.y_shape, dtype=torch.float16))
     assert tensor_check(p7, {"x": misaligned(x7), "w": misaligned(w7), "y": y7}, PLAIN, ana) is None
-
-
-def test_misaligned_x_refused_before_the_gpu(monkeypatch):
-    p = nhwc(N=1, C=16, H=6, W=6, K=16, R=3, S=3, padding=1)
-    x, w = p.make_inputs()
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
-
-    def touched(*a, **k):
-        raise AssertionError("the GPU was touched before the tensor check")
-
-    monkeypatch.setattr(gpu, "device_info", touched)
-    monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
-    with pytest.raises(ValueError, match=r"igemm_production: x\.data_ptr\(\) is not 16-byte aligned"):
-        prepare(V, p, misaligned(x), w)
 
 
 # ---- launch and coverage --------------------------------------------------------------------
@@ -695,7 +673,7 @@ def test_fused_operand_refusals(no_gpu_checks):
         prepare(V, p, x, w, cin=None, bias=bias, epilogue=Epilogue(beta=2.0))
 
 
-def test_fused_cin_alignment(no_gpu_checks):
+def test_fused_cin_alignment(no_gpu_checks, misaligned):
     """Cin is read in 16-byte runs when K % 8 == 0: a misaligned Cin is refused then, and accepted
     when it is not read (beta = 0) or read element by element (K % 8 != 0)."""
     p = nhwc(N=2, C=8, H=6, W=5, K=16, R=3, S=3, padding=1)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import gpu
+from helpers.epilogue import PLAIN
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, quick
 from helpers.variants import (
@@ -213,6 +214,36 @@ def test_bad_tensors_refused_on_cpu(v, call, no_gpu):
         call(v, p, xt, w)
     with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
         call(v, p, x, w)
+
+
+def aligned_x_problem(v, misaligned) -> Conv2dProblem | None:
+    """A problem ``v`` supports on which its tensor check refuses an x 2 bytes off alignment, or None."""
+    for p in map(v.adapt, quick() + edge() + random_problems()):
+        if is_big(p) or v.supports(p) is not None:
+            continue
+        off = misaligned(torch.zeros(p.x_shape, dtype=p.torch_dtype))
+        if v.tensor_check_fn(p, {"x": off, "w": None, "y": None}, PLAIN) is not None:
+            return p
+    return None
+
+
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v.tensor_check_fn], ids=lambda v: v.name)
+def test_misaligned_x_refused_before_the_gpu(v, misaligned, monkeypatch):
+    """Where a variant needs x aligned (its 16-byte loads or copies), `prepare` refuses a misaligned
+    x, naming it, right after the tensor checks and before any GPU call."""
+    p = aligned_x_problem(v, misaligned)
+    if p is None:
+        pytest.skip(f"{v.name} needs no alignment of x on the edge/random problems it supports")
+    x, w = p.make_inputs()
+    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
+
+    def touched(*a, **k):
+        raise AssertionError("the GPU was touched before the tensor check")
+
+    monkeypatch.setattr(gpu, "device_info", touched)
+    monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
+    with pytest.raises(ValueError, match=rf"{v.name}: x\.data_ptr\(\) is not 16-byte aligned"):
+        prepare(v, p, misaligned(x), w)
 
 
 @pytest.mark.parametrize("call", [prepare, run], ids=["prepare", "run"])

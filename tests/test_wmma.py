@@ -35,11 +35,6 @@ def as_wmma(p: Conv2dProblem, dtype: str) -> Conv2dProblem:
     return replace(p, layout="NHWC", dtype=dtype, name="")
 
 
-def misaligned(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor like t whose data starts one element (2 bytes) past an aligned allocation."""
-    return torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
-
-
 def test_registered_as_day_10():
     assert V.day == 10 and V.cu_file == "10_igemm_wmma.cu"
     assert V.dtypes == ("fp16", "bf16") and V.layouts == ("NHWC",) and V.accum == "fp32"
@@ -137,7 +132,7 @@ def test_covers_model_sees_a_short_grid():
     assert (counts[3 * hw.BM :] == 0).all() and (counts[:, 2 * hw.BN :] == 0).all()
 
 
-def test_pointer_check_names_the_misaligned_tensor():
+def test_pointer_check_names_the_misaligned_tensor(misaligned):
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)  # 16-byte loads and stores
     x, w = p.make_inputs()
     y = torch.empty(p.y_shape, dtype=torch.float16)
@@ -166,19 +161,12 @@ def test_old_gpus_are_refused_with_a_reason(cc, refused):
         assert reason is None and V.target(cc) == f"sm_{cc[0]}{cc[1]}"
 
 
-def test_misaligned_x_refused_before_the_gpu(monkeypatch):
-    """The alignment check runs right after the tensor checks, before any GPU call."""
+def test_old_gpu_refused_after_the_tensor_checks(monkeypatch):
+    """An sm_75 device is refused by `prepare` once the tensors pass (a misaligned x is refused before
+    any GPU call: tests/test_variants.py, for every variant that needs x aligned)."""
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x, w = p.make_inputs()
     monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
-
-    def touched(*a, **k):
-        raise AssertionError("the GPU was touched before the tensor check")
-
-    monkeypatch.setattr(gpu, "device_info", touched)
-    monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
-    with pytest.raises(ValueError, match="igemm_wmma: x.data_ptr"):
-        prepare(V, p, misaligned(x), w)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=48 * 1024, cc=(7, 5)))
     with pytest.raises(UnsupportedProblem, match="igemm_wmma needs a GPU of compute capability 8.0"):
         prepare(V, p, x, w)

@@ -105,17 +105,8 @@ def test_batch_matches_single_images(dtype):
         assert bitwise_equal(y[n : n + 1], run(V, p1, x[n : n + 1], w)), f"image {n} differs from its N=1 run"
 
 
-def misaligned(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of t whose data starts one element (2 bytes) past an aligned allocation."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    out = buf[1:].view(t.shape)
-    out.copy_(t)
-    assert out.is_contiguous() and out.data_ptr() % 16 == 2
-    return out
-
-
 @pytest.mark.parametrize("which", ["x", "w", "y"])
-def test_misaligned_vec_tensors_refused_before_launch(which):
+def test_misaligned_vec_tensors_refused_before_launch(which, misaligned):
     p = nhwc(N=2, C=16, H=8, W=8, K=16, R=3, S=3, padding=1)  # 16-byte loads and stores
     x, w = p.make_inputs(device="cuda")
     y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
@@ -127,7 +118,7 @@ def test_misaligned_vec_tensors_refused_before_launch(which):
     assert bool((args["y"] == 7.0).all()), "y was touched before the refusal"
 
 
-def test_scalar_path_takes_misaligned_tensors():
+def test_scalar_path_takes_misaligned_tensors(misaligned):
     """C % 8 != 0 and K % 8 != 0: scalar loads and stores, correct on pointers 2 bytes off."""
     p = nhwc(N=2, C=12, H=9, W=8, K=20, R=3, S=3, padding=1)
     x, w = p.make_inputs(device="cuda", kind="int", seed=5)
