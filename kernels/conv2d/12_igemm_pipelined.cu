@@ -27,7 +27,8 @@
 //    that every warp has finished step t - 1, whose slot (t - 1) % STAGES is refilled next. So a
 //    step needs one barrier, where day 11 needed one after its stores.
 //    Tail: for the last STAGES - 1 steps there is no step t + STAGES - 1 to load; the commit still
-//    closes an empty group, so "one group per step" and the wait's count hold to the end.
+//    closes an empty group, so "one group per step" and the wait's count hold to the end. A last
+//    wait_group 0 after the loop (on empty groups: free) lets no copy outlive the block.
 // 2. One iterator (CUTLASS's "optimized" one), for the copies: each thread decodes its two pixels
 //    once into a pointer to tap (0, 0) of the pixel (xo) and a tap mask (bit r: input row
 //    h0 + r*dh inside the image; bit 16 + s: column w0 + s*dw inside), so a step's bounds test
@@ -210,7 +211,7 @@ __device__ __forceinline__ void conv2d_igemm_pipelined(const unsigned short* __r
                 for (int j = 0; j < 4; ++j) mma16816<BF16>(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
     }
-    // Every group left in flight is an empty one of the tail: nothing to wait for before the store.
+    cp_wait<0>();  // no copy outlives the block (only empty groups are left, unless PLANT_FAULT)
 
     // Epilogue from the accumulator registers: Y[m][k] = y[n][p][q][k], a pair of channels per store.
     const bool pairs = K % 2 == 0;
