@@ -400,7 +400,7 @@ def test_prepare_refuses_aliasing_outputs(stand_in_gpu):
 def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkeypatch):
     """The public `supports` gives the launch path's answer: the GPU's opt-in limit, or without a
     GPU the 48 KB every GPU allows, named as assumed in the refusal."""
-    v = get("igemm_pipelined")
+    v = get("igemm_production")
     p = Conv2dProblem(N=8, C=64, H=56, W=56, K=256, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
     need = v.launch(p).shared_bytes
     assert need > 48 * 1024  # the rule's tile for this layer opts into more than 48 KB

@@ -25,7 +25,7 @@
 //   Warp-level matrix load instruction: ldmatrix      (#warp-level-matrix-instructions-ldmatrix)
 //   Warp Level Matrix Multiply-Accumulate Instructions: mma  (#warp-level-matrix-instructions-mma),
 //     and its Matrix Fragments for mma.m16n8k16 with floating point type (which lane holds which element)
-// The swizzle is day 11's (BK = 32), extended to BK = 64 on day 12.
+// The swizzle is day 11's (BK = 32), extended to BK = 64 on day 13.
 #pragma once
 
 #include <cuda_bf16.h>
