@@ -118,10 +118,14 @@ def test_the_audit_catches_planted_faults(tmp_path: Path):
 def test_links_are_rewritten_and_broken_ones_stop_the_build(tmp_path: Path):
     st = build.Stager(tmp_path)
     assert st.target("README.md", "notebooks/day_01_naive.ipynb") == "notebooks/day_01_naive.ipynb"
+    assert st.target("README.md", "kernels/conv2d/01_naive.cu#L3") == "kernels/conv2d/01_naive.cu.md#L3"
+    # in a notebook (rendered by nbconvert, not MkDocs) links are final URLs, directory style
     assert st.target("notebooks/day_01_naive.ipynb", "../kernels/conv2d/01_naive.cu#L3") == (
-        "../kernels/conv2d/01_naive.cu.md#L3"
+        "../../kernels/conv2d/01_naive.cu/#L3"
     )
-    assert st.target("notebooks/day_01_naive.ipynb", "../README.md") == "../index.md"
+    assert st.target("notebooks/day_01_naive.ipynb", "../README.md") == "../../"
+    assert st.target("notebooks/day_01_naive.ipynb", "day_02_z_out.ipynb#recap") == "../day_02_z_out/#recap"
+    assert st.target("notebooks/day_01_naive.ipynb", "glossary.md") == "../glossary/"
     assert (
         st.target("README.md", "benchmarks/results/nvidia-h200/quick.csv") == "benchmarks/results/nvidia-h200/quick.csv"
     )

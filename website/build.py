@@ -10,6 +10,9 @@ Links are rewritten while staging, so that what works on GitHub works on the sit
 * images and CSVs (``.png .jpg .jpeg .svg .gif .csv``) are copied as they are;
 * any other file a page links to (a ``.cu``, ``.py``, ``.sh``, ...) gets a page of its own, its
   text in a highlighted code block, at ``<path>.md`` (``kernels/conv2d/01_naive.cu.md``);
+* in a Markdown page a link names the staged file (MkDocs turns it into the page's URL and
+  checks it); in a notebook, which nbconvert renders, it is written as the final relative URL
+  (``../day_01_naive/``);
 * a link to a file that does not exist, or to a folder, stops the build with `BuildError` (the
   site would have a broken link).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -94,6 +98,17 @@ def _code_page(repo_path: str) -> str:
     return f'# `{repo_path}`\n\n{fence}{lang} linenums="1"\n{text.rstrip()}\n{fence}\n'
 
 
+def page_url(path: str) -> str:
+    """The site URL path (directory URLs, no leading slash) of staged file ``path``: a page
+    ``a/b.md`` or ``a/b.ipynb`` is served at ``a/b/``, ``index.md`` at ``""``; other files as they are."""
+    if not path.endswith((".md", ".ipynb")):
+        return path
+    stem = path.rsplit(".", 1)[0]
+    if stem == "index" or stem.endswith("/index"):
+        return stem[: -len("index")]
+    return stem + "/"
+
+
 class Stager:
     """Copies pages into the stage folder, rewriting their links; records the pages linked to."""
 
@@ -128,7 +143,11 @@ class Stager:
             mapped = rel + ".md"
             self.code_pages.add(rel)
         staged_source = "index.md" if source == "README.md" else source
-        new = os.path.relpath(self.stage / mapped, (self.stage / staged_source).parent).replace(os.sep, "/")
+        if source.endswith(".ipynb"):  # nbconvert renders it: MkDocs resolves none of its links
+            page = mapped.endswith((".md", ".ipynb"))
+            new = posixpath.relpath(page_url(mapped) or ".", page_url(staged_source) or ".") + ("/" if page else "")
+        else:  # a Markdown page: MkDocs turns links to .md/.ipynb files into page URLs and checks them
+            new = os.path.relpath(self.stage / mapped, (self.stage / staged_source).parent).replace(os.sep, "/")
         return new + (f"#{frag}" if frag else "")
 
     def rewrite(self, source: str, markdown: str) -> str:
