@@ -1,0 +1,1 @@
+"""The series as a static website: ``python -m website`` (see `website.build`)."""
