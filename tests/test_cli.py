@@ -154,21 +154,28 @@ def test_a_dtype_no_variant_takes_exits_2_with_what_they_take():
     assert "no variant takes fp16 NCHW" in r.stderr and "fp16 NHWC" in r.stderr and "Traceback" not in r.stderr
 
 
+def stand_in_gpu(monkeypatch):
+    """Make ``python -m benchmarks`` believe a GPU is there (has_gpu, init, versions); return the
+    ``helpers.bench`` module, whose ``bench`` the test then replaces."""
+    import importlib
+
+    hg = importlib.import_module("helpers.gpu")
+    monkeypatch.setattr(hg, "has_gpu", lambda: True)
+    monkeypatch.setattr(hg, "init", lambda device=0: None)
+    monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
+                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+    return importlib.import_module("helpers.bench")
+
+
 def test_a_crash_inside_bench_keeps_the_rows_and_says_the_csv_is_partial(tmp_path: Path, monkeypatch, capsys):
     """An exception bench does not turn into a row (outside any (variant, problem)) ends the run
     with exit 1 and a message; the CSV written so far stays."""
-    import importlib
 
     import pandas as pd
 
     from benchmarks.__main__ import main
 
-    hg = importlib.import_module("helpers.gpu")
-    hb = importlib.import_module("helpers.bench")
-    monkeypatch.setattr(hg, "has_gpu", lambda: True)
-    monkeypatch.setattr(hg, "init", lambda device=0: None)
-    monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
-                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+    hb = stand_in_gpu(monkeypatch)
 
     def bench(vs, probs, on_rows=None, **kw):
         on_rows(pd.DataFrame([{"variant": "naive", "problem": probs[0].name, "ok": True, "status": "ok"}]))
@@ -191,12 +198,7 @@ def test_a_named_variant_that_ran_on_nothing_exits_1(tmp_path: Path, monkeypatch
 
     from benchmarks.__main__ import main
 
-    hg = importlib.import_module("helpers.gpu")
-    hb = importlib.import_module("helpers.bench")
-    monkeypatch.setattr(hg, "has_gpu", lambda: True)
-    monkeypatch.setattr(hg, "init", lambda device=0: None)
-    monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
-                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+    hb = stand_in_gpu(monkeypatch)
     monkeypatch.setattr(importlib.import_module("benchmarks.plot"), "redraw", lambda csv: csv)
 
     def bench(vs, probs, **kw):

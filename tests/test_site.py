@@ -60,25 +60,23 @@ def site(tmp_path_factory) -> Path:
 
 def test_every_day_kernel_and_page_is_built(site: Path):
     days = build.day_notebooks()
-    assert [d.notebook for d in days] == sorted(
-        p.relative_to(ROOT).as_posix() for p in ROOT.glob("notebooks/day_*.ipynb")
-    )
+    assert days == sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("notebooks/day_*.ipynb"))
     for d in days:
-        assert page_of(site, d.notebook).is_file(), d.notebook
+        assert page_of(site, d).is_file(), d
     for k in (ROOT / "kernels" / "conv2d").iterdir():
         html = page_of(site, f"kernels/conv2d/{k.name}").read_text()
         assert "highlight" in html and k.name in html
     for md in (ROOT / "notebooks").glob("*.md"):
         assert page_of(site, md.relative_to(ROOT).as_posix()).is_file(), md
     home = (site / "index.html").read_text()
-    assert all(d.notebook.removeprefix("notebooks/").removesuffix(".ipynb") in home for d in days)
+    assert all(d.removeprefix("notebooks/").removesuffix(".ipynb") in home for d in days)
     assert (site / "search" / "search_index.json").is_file()
 
 
 def test_every_figure_of_a_notebook_is_on_its_page(site: Path):
     for d in build.day_notebooks():
-        html = page_of(site, d.notebook).read_text()
-        assert len(re.findall(r"<img[^>]+src=\"data:image/png", html)) == png_outputs(ROOT / d.notebook), d.notebook
+        html = page_of(site, d).read_text()
+        assert len(re.findall(r"<img[^>]+src=\"data:image/png", html)) == png_outputs(ROOT / d), d
 
 
 def test_the_site_loads_nothing_from_the_internet(site: Path):
@@ -95,8 +93,8 @@ def test_every_page_opens_clean_in_chromium(site: Path):
     assert {r.url: r.problems for r in reports if r.problems} == {}
     by_path = {r.url.split("/", 3)[3]: r for r in reports}
     for d in build.day_notebooks():  # every figure loaded (decoded, width > 0) in the browser
-        rep = by_path[d.notebook.removesuffix(".ipynb") + "/"]
-        assert rep.images >= png_outputs(ROOT / d.notebook), d.notebook
+        rep = by_path[d.removesuffix(".ipynb") + "/"]
+        assert rep.images >= png_outputs(ROOT / d), d
 
 
 def test_the_audit_catches_planted_faults(tmp_path: Path):

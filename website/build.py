@@ -34,7 +34,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,29 +63,9 @@ class BuildError(Exception):
     """The site cannot be built as the pages stand (a broken link, a failed MkDocs build)."""
 
 
-@dataclass(frozen=True)
-class Day:
-    """One day's page: its notebook (repository path) and its title in the navigation."""
-
-    notebook: str
-    title: str
-
-
-def day_notebooks() -> list[Day]:
-    """The day notebooks, ``notebooks/day_NN_*.ipynb`` in file-name order, each titled
-    ``Day NN · <its first heading>`` (the heading's own "Day NN" prefix, if any, dropped)."""
-    days = []
-    for path in sorted((ROOT / "notebooks").glob("day_*.ipynb")):
-        nb = json.loads(path.read_text())
-        heading = next(
-            (line.lstrip("# ").strip() for c in nb["cells"] if c["cell_type"] == "markdown"
-             for line in "".join(c["source"]).splitlines() if line.startswith("# ")),
-            path.stem,
-        )  # fmt: skip
-        num = path.stem.split("_")[1]
-        heading = re.sub(rf"^day\s*{int(num)}\s*[·:—–-]\s*|^day\s*{num}\s*[·:—–-]\s*", "", heading, flags=re.I)
-        days.append(Day(str(path.relative_to(ROOT)), f"Day {num} · {heading}"))
-    return days
+def day_notebooks() -> list[str]:
+    """The day notebooks' repository paths, ``notebooks/day_NN_*.ipynb``, in file-name order."""
+    return [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "notebooks").glob("day_*.ipynb"))]
 
 
 def _code_page(repo_path: str) -> str:
@@ -194,7 +173,7 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
         st.page(p)
     days = day_notebooks()
     for d in days:
-        st.notebook(d.notebook)
+        st.notebook(d)
     kernels = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "kernels" / "conv2d").iterdir() if p.is_file())
     st.code_pages.update(kernels)
     for rel in sorted(st.code_pages):
@@ -205,13 +184,8 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
     (docs / MATHJAX_DIR / "config" / "local").mkdir(parents=True, exist_ok=True)
     (docs / MATHJAX_DIR / "config" / "local" / "conv2d.js").write_text(MATHJAX_LOCAL_CONFIG)
 
-    def title(md: str) -> str:
-        first = next((ln for ln in (ROOT / md).read_text().splitlines() if ln.startswith("# ")), Path(md).stem)
-        return first.lstrip("# ").strip()
-
-    nav = [{"Home": "index.md"}]
-    nav += [{title(p): p} for p in pages]
-    nav.append({"Days": [{d.title: d.notebook} for d in days]})
+    # Pages and days without a title: MkDocs (and mkdocs-jupyter, for a notebook) take the page's heading
+    nav = [{"Home": "index.md"}, *pages, {"Days": days}]
     nav.append({"Kernels": [{Path(k).name: k + ".md"} for k in kernels]})
     others = sorted(st.code_pages - set(kernels))
     if others:
