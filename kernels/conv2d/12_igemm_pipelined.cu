@@ -50,7 +50,7 @@
 //   without opting in; the harness opts in above that (64 KB for STAGES = 4).
 // Compile-time parameters: STAGES (required, >= 2; the registered variant uses 3; STAGES = 2 is
 //   day 11's double buffering done with cp.async); PLANT_FAULT (default 0; 1 leaves out the
-//   wait_group: a planted bug that the GPU tests must catch).
+//   wait_group, 2 the step's __syncthreads(): planted bugs that the GPU tests must catch).
 //
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
 // groups = 1, C % 8 == 0, R, S <= 16 (the tap masks), any stride, padding, dilation. x and w
@@ -183,7 +183,9 @@ __device__ __forceinline__ void conv2d_igemm_pipelined(const unsigned short* __r
 #if PLANT_FAULT != 1
         cp_wait<STAGES - 2>();  // this thread's copies of step t have landed ...
 #endif
+#if PLANT_FAULT != 2
         __syncthreads();  // ... and everyone's; every warp is done with slot (t - 1) % STAGES
+#endif
         if (t + STAGES - 1 < steps) {
             fetch((t + STAGES - 1) % STAGES);  // = (t - 1) % STAGES
             advance();
