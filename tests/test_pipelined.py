@@ -10,7 +10,10 @@ refusals and tensor checks, and its builds.
 * builds (nvcc on PATH): every target the variant declares (sm_80, 86, 89, 90, 120) without
   spills or a stack, in fewer registers than day 11's 16-byte entry on the same target (the ring
   stages nothing in registers); the PTX of STAGES = 2, 3, 4 waits for STAGES - 2 groups, and the
-  planted fault (``-DPLANT_FAULT=1``) drops exactly that wait. Registers with CUDA 13.0
+  planted faults drop exactly that wait (``-DPLANT_FAULT=1``) or the step's barrier (``=2``);
+* the ring simulated (`replay`, `ring_loop`): the kernel's schedule has no hazard for 2-5 stages
+  and 0-12 steps, refills never the slot being computed and computes on copies issued
+  STAGES - 1 steps earlier; each planted mistake is caught with its reason. Registers with CUDA 13.0
   (``-Xptxas -v``, STAGES = 3): 145 on sm_80, sm_86 and sm_89, 150 on sm_90, 130 on sm_120 (day 11: 166 on sm_90).
 
 The kernel itself runs in tests/gpu/test_pipelined_gpu.py.
@@ -32,7 +35,16 @@ import torch
 
 from days.day09_igemm_simt import vec_path
 from days.day11_igemm_mma import MMA_TILE
-from days.day12_igemm_pipelined import CU_FILE, STAGES, edge_c8, make_pipelined, ring_bytes
+from days.day12_igemm_pipelined import (
+    CU_FILE,
+    STAGES,
+    PipelineHazard,
+    edge_c8,
+    make_pipelined,
+    replay,
+    ring_bytes,
+    ring_loop,
+)
 from helpers import compile as hc
 from helpers import gpu
 from helpers.problem import Conv2dProblem
@@ -316,12 +328,65 @@ def test_ptx_waits_for_all_but_stages_minus_2_groups(stages):
 
 
 @needs_nvcc
-def test_planted_fault_drops_exactly_the_wait():
-    good, bad = ptx({"STAGES": 3}), ptx({"STAGES": 3, "PLANT_FAULT": 1})
-    assert "cp.async.wait_group 1;" in good and "cp.async.wait_group 1;" not in bad
-    for s in ("cp.async.wait_group 0;", "cp.async.commit_group;", "cp.async.cg.shared.global", "bar.sync",
-              "mma.sync", "ldmatrix"):  # fmt: skip
-        assert good.count(s) == bad.count(s), s
+@pytest.mark.parametrize("plant, dropped", [(1, "cp.async.wait_group 1;"), (2, "bar.sync")])
+def test_planted_fault_drops_exactly_one_instruction(plant, dropped):
+    good, bad = ptx({"STAGES": 3}), ptx({"STAGES": 3, "PLANT_FAULT": plant})
+    assert good.count(dropped) == 2 and dropped not in bad, dropped  # the main loop's, in each of the two entries
+    for s in ("cp.async.wait_group 1;", "cp.async.wait_group 0;", "cp.async.commit_group;", "cp.async.cg.shared.global",
+              "bar.sync", "mma.sync", "ldmatrix"):  # fmt: skip
+        if s != dropped:
+            assert good.count(s) == bad.count(s), s
+
+
+# ---- the ring, simulated --------------------------------------------------------------------------
+
+
+def _phase_slots(events: list[tuple]) -> dict[str, tuple[set, set]]:
+    """{phase: (slots written by cp.async, slots read by ldmatrix)}."""
+    out, ph = {}, None
+    for kind, *a in events:
+        if kind == "phase":
+            ph = a[0]
+            out[ph] = (set(), set())
+        elif kind in ("cp.async", "ldmatrix"):
+            out[ph][kind == "ldmatrix"].add(a[1])
+    return out
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+def test_the_kernels_ring_has_no_hazard(stages):
+    for steps in range(13):
+        ev = ring_loop(steps, stages)
+        timeline = replay(ev, stages)  # raises PipelineHazard on a broken rule
+        for t in range(steps):
+            written, read = _phase_slots(ev)[f"step {t}"]
+            assert not written & read, (steps, t)
+            issued = timeline.at[f"step {t}", "its copy was issued in"]
+            assert issued == ("prologue" if t < stages - 1 else f"step {t - stages + 1}"), (steps, t, issued)
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"empty_groups": False}, "before every thread's copies"),  # the tail's steps
+        ({"wait": 2}, "before every thread's copies"),  # STAGES - 1: one group too many pending
+        ({"wait_group": False}, "before every thread's copies"),  # PLANT_FAULT=1
+        ({"barrier": False}, "before every thread's copies"),  # PLANT_FAULT=2
+        ({"issue_before_barrier": True}, "which a slower warp may still read"),
+        ({"ahead": 3}, "which holds step"),  # STAGES steps ahead: overwrites the slot about to be read
+    ],
+)
+def test_each_planted_mistake_is_caught_with_its_reason(kw, words):
+    replay(ring_loop(8, 3), 3)  # the same schedule without the mistake passes
+    with pytest.raises(PipelineHazard, match=words):
+        replay(ring_loop(8, 3, **kw), 3)
+
+
+def test_replay_catches_a_fragment_buffer_overwritten_before_its_mma():
+    ev = ring_loop(2, 3)
+    i = ev.index(("mma", 0, 0, 0))
+    with pytest.raises(PipelineHazard, match="before an mma used it"):
+        replay(ev[:i] + [ev[i + 1]] + ev[i:], 3)  # slice 1's ldmatrix moved before slice 0's mma
 
 
 @needs_nvcc

@@ -6,7 +6,8 @@ with normal, integer (bit-exact) and cancelling inputs; bit-for-bit agreement wi
 integer inputs; the misaligned-pointer refusal. Then what is new on day 12: rings of 2, 4 and 5
 stages (4 and 5 opt into more than 48 KB of dynamic shared memory), problems with fewer GEMM-K
 steps than the prologue loads, masked-off copies whose unclamped sources lie far outside x, and
-a planted fault (``-DPLANT_FAULT=1``: no ``cp.async.wait_group``) that the check must catch. The
+two planted faults (``-DPLANT_FAULT=1``: no ``cp.async.wait_group``; ``=2``: no barrier per step)
+that the check must catch. The
 far-outside copies are tested for day 13's ``igemm_production`` here too (it keeps day 12's iterator).
 
 Every `check` poisons the output with NaN, compares with the float64 reference within the
@@ -146,11 +147,23 @@ def test_masked_off_copies_far_outside_x_read_nothing(name, sh, ph):
     assert bool((got[others] == 0).all())
 
 
-def test_planted_fault_is_caught():
-    """Without cp.async.wait_group the first step reads its stage before the copies land: the check
-    must fail (a harness that passed this would not be testing the pipeline)."""
-    faulty = replace(V, name="igemm_pipelined[no wait_group]", defines={**V.defines, "PLANT_FAULT": 1})
-    p = nhwc(N=2, C=64, H=15, W=13, K=70, R=3, S=3, padding=1)
+# Planted faults on problems big enough to keep copies in flight from DRAM. Without the wait the
+# race hides while the inputs sit in L2: on the H200 (2026-12-02) a check of N2 C64 15x13 K70 with
+# PLANT_FAULT=1 passed bit-exactly, while the same launch after an L2 flush got 180-613 of 27,300
+# outputs wrong. These two problems (12.8 and 25.7 MB of x) failed every check there, both plants.
+PLANT_PROBLEMS = [
+    nhwc(N=32, C=64, H=56, W=56, K=64, R=1, S=1),
+    nhwc(N=8, C=256, H=56, W=56, K=256, R=3, S=3, padding=1),
+]
+
+
+@pytest.mark.parametrize("p", PLANT_PROBLEMS, ids=lambda p: p.name)
+@pytest.mark.parametrize("plant, what", [(1, "no wait_group"), (2, "no __syncthreads")])
+def test_planted_fault_is_caught(plant, what, p):
+    """Without cp.async.wait_group (1) or without the step's barrier (2) a step reads its stage
+    before every copy has landed: the check must fail (a harness that passed these would not be
+    testing the pipeline)."""
+    faulty = replace(V, name=f"igemm_pipelined[{what}]", defines={**V.defines, "PLANT_FAULT": plant})
     _assert_ok(check(V, p, kind="int"), p, "int")  # the same problem passes without the fault
     r = check(faulty, p, kind="int")
     assert not r.ok, f"the planted fault went unnoticed: {r}"
