@@ -51,7 +51,7 @@ def choose_iterator(p: Conv2dProblem) -> str:
 #   SM): half the pipeline steps of BK = 32, so half the per-step copies, waits and barriers;
 # * fewer tiles: 128 x 64 x 32, and below MIN_BLOCKS of those 64 x 64 x 64 (more, smaller
 #   blocks with fewer pipeline steps each).
-# Day 13's executed notebook (section 9) runs the sweep and compares the rule with the best tile
+# Day 13's executed notebook (section 8) runs the sweep and compares the rule with the best tile
 # per layer; the rule is fitted to these layers and this GPU (day 15 tunes per workload).
 MIN_BLOCKS = 200
 
