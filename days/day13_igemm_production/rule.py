@@ -112,5 +112,3 @@ def choose(
     t = TileDescription.parse(tile) if isinstance(tile, str) else tile or choose_tile(p, it)
     sw = choose_swizzle(p, t) if swizzle is None else swizzle
     return ProductionConfig(t, it, sw)
-
-

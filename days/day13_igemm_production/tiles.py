@@ -164,8 +164,6 @@ INSTANTIATED = _instantiated()
 TILES = tuple(INSTANTIATED)
 
 
-
-
 def tiles_for(iterator: str) -> tuple[TileDescription, ...]:
     """The tile descriptions instantiated with ``iterator``."""
     return tuple(TileDescription.parse(t) for t, its in INSTANTIATED.items() if iterator in its)
