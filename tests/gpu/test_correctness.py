@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from helpers import gpu
-from helpers.check import bitwise_equal, check
+from helpers.check import bitwise_equal, check, compare
+from helpers.problem import Conv2dProblem
 from helpers.suites import depthwise, edge, is_big, quick
-from helpers.variants import UnsupportedProblem, all_variants, prepare, run
+from helpers.variants import UnsupportedProblem, all_variants, get, prepare, run
 
 pytestmark = pytest.mark.gpu
 
@@ -202,6 +203,21 @@ def test_bad_cuda_tensors_refused(v):
         prepare(v, p, x, w, out=torch.empty(p.y_shape, dtype=torch.float64, device="cuda"))
     torch.cuda.synchronize()
     assert bool((y == 7.0).all())
+
+
+@pytest.mark.parametrize("name", ["igemm_wmma", "igemm_production"])
+def test_element_paths_take_misaligned_tensors(name, misaligned):
+    """C % 8 != 0 and K % 8 != 0: day 10's scalar path and day 13's analytic iterator load and
+    store element by element, so tensors 2 bytes off a 16-byte boundary must give exact results."""
+    v = get(name)
+    if v.build_reason(gpu.device_info().cc):
+        pytest.skip(v.build_reason(gpu.device_info().cc))
+    p = Conv2dProblem(N=2, C=12, H=9, W=8, K=20, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    x, w = p.make_inputs(device="cuda", kind="int", seed=5)
+    y = misaligned(torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda"))
+    out = run(v, p, misaligned(x), misaligned(w), out=y)
+    r = compare(p, x, w, out, exact=True)
+    assert r["exact_equal"] and r["nonfinite"] == 0
 
 
 def test_time_gpu_is_well_formed():
