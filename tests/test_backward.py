@@ -1,0 +1,121 @@
+"""Day 14's dgrad mapping on the CPU: the filter-phase split of `days.day14_backward`.
+
+* `dgrad_by_phases` equals the harness's float64 reference (`helpers.check.reference`, which is
+  ``torch.ops.aten.convolution_backward``) on random problems with strides (1, 1) to (3, 2), both
+  dilations (1, 2) and (2, 1), padding up to the dilated filter, odd and even sizes, N > 1 and
+  C in {1, 3, odd}; exactly on integer inputs;
+* every tap belongs to exactly one phase per axis, and the phases cover every dx row once;
+* dx positions no tap reaches (stride larger than the dilated filter) are exactly 0;
+* the phase split does no more multiplications than the useful ones plus dy's borders, and the
+  naive walk does stride_h·stride_w times as many as the phases for a stride with no empty phase;
+* a planted fault (one tap's offset off by one) is caught.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from days import day14_backward as d14
+from helpers.check import reference
+from helpers.problem import Conv2dProblem
+
+
+def dgrad(**kw) -> Conv2dProblem:
+    return Conv2dProblem(op="dgrad", **kw)
+
+
+CASES = [
+    dgrad(N=2, C=3, H=9, W=8, K=4, R=3, S=3, stride=2, padding=1),  # odd H with stride 2
+    dgrad(N=1, C=1, H=10, W=11, K=2, R=2, S=4, stride=(2, 3), padding=(1, 2)),  # even filters
+    dgrad(N=2, C=5, H=12, W=9, K=3, R=3, S=3, stride=(1, 2), padding=(2, 1), dilation=(2, 1)),
+    dgrad(N=1, C=3, H=13, W=10, K=6, R=3, S=2, stride=(3, 2), padding=(1, 0), dilation=(1, 2)),
+    dgrad(N=1, C=2, H=11, W=11, K=3, R=1, S=1, stride=3),  # stride > filter: rows no tap reaches
+    dgrad(N=3, C=7, H=7, W=6, K=5, R=3, S=3, padding=1),  # unit stride: one phase, all taps
+    dgrad(N=1, C=4, H=8, W=8, K=4, R=5, S=5, stride=2, padding=4),  # padding up to R - 1
+]
+
+
+def random_cases(n: int, seed: int = 7) -> list[Conv2dProblem]:
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        R, S = rng.randint(1, 5), rng.randint(1, 5)
+        sh, sw, dh, dw = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 2)
+        ph, pw = rng.randint(0, dh * (R - 1)), rng.randint(0, dw * (S - 1))
+        H, W = rng.randint(1, 14), rng.randint(1, 14)
+        if H + 2 * ph < dh * (R - 1) + 1 or W + 2 * pw < dw * (S - 1) + 1:
+            continue  # no output: not a convolution
+        out.append(dgrad(N=rng.randint(1, 2), C=rng.choice([1, 3, 5, 8]), H=H, W=W, K=rng.randint(1, 6), R=R, S=S,
+                         stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw)))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("p", CASES + random_cases(40), ids=lambda p: p.name)
+@pytest.mark.parametrize("kind", ["normal", "int"])
+def test_phases_compose_dgrad(p, kind):
+    dy, w = p.make_inputs(kind=kind, seed=3)
+    ref = reference(p, dy, w)
+    got = d14.dgrad_by_phases(p, p.to_logical(dy), p.to_logical(w))
+    if kind == "int":
+        assert torch.equal(got, ref)
+    else:
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("p", CASES + random_cases(40, seed=11), ids=lambda p: p.name)
+def test_each_tap_in_one_phase_and_each_row_in_one_phase(p):
+    for length, taps, phases in ((p.H, p.R, d14._phases(p)[0]), (p.W, p.S, d14._phases(p)[1])):
+        assert sorted(t for ph in phases for t in ph.taps) == list(range(taps))
+        rows = sorted(ph.phase + i * len(phases) for ph in phases for i in range(ph.rows))
+        assert rows == list(range(length))
+
+
+def test_rows_no_tap_reaches_are_exactly_zero():
+    p = CASES[4]  # 1 x 1 filter, stride 3: only rows and columns 0, 3, 6, 9 receive a tap
+    dy, w = p.make_inputs(seed=1)
+    dx = d14.dgrad_by_phases(p, dy, w)
+    reached = torch.zeros(p.H, p.W, dtype=torch.bool)
+    reached[::3, ::3] = True
+    assert bool((dx[:, :, ~reached] == 0).all()) and bool((dx[:, :, reached] != 0).any())
+    phases_h = d14._phases(p)[0]
+    assert [len(a.taps) for a in phases_h] == [1, 0, 0]
+
+
+def test_mac_counts():
+    for p in CASES + random_cases(20, seed=5):
+        c = d14.dgrad_mac_counts(p)
+        assert c["useful"] <= c["phases"] <= c["naive"]
+    p = dgrad(N=1, C=8, H=56, W=56, K=8, R=3, S=3, stride=2, padding=1)
+    c = d14.dgrad_mac_counts(p)
+    assert c["naive"] == 8 * 8 * 56 * 56 * 9
+    assert c["naive"] / c["phases"] == pytest.approx(4.0)  # 9 taps in phases of 4, 2, 2 and 1
+    unit = d14.dgrad_mac_counts(CASES[5])
+    assert unit["phases"] == unit["naive"]
+
+
+def test_a_planted_offset_error_is_caught(monkeypatch):
+    p = CASES[0]
+    dy, w = p.make_inputs(kind="int", seed=2)
+    good = d14.axis_phases
+
+    def off_by_one(*args):
+        ph = good(*args)
+        a = ph[0]
+        return [a._replace(offsets=(a.offsets[0] + 1, *a.offsets[1:]))] + ph[1:]
+
+    monkeypatch.setattr(d14, "axis_phases", off_by_one)
+    assert not torch.equal(d14.dgrad_by_phases(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="dgrad problem"):
+        d14.dgrad_by_phases(Conv2dProblem(N=1, C=1, H=4, W=4, K=1, R=3, S=3), torch.zeros(1), torch.zeros(1))
+    with pytest.raises(ValueError, match="groups = 2"):
+        d14.dgrad_mac_counts(dgrad(N=1, C=4, H=4, W=4, K=4, R=3, S=3, groups=2))
+    p = CASES[0]
+    with pytest.raises(ValueError, match="expected"):
+        d14.dgrad_by_phases(p, torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    with pytest.raises(ValueError, match="bad axis"):
+        d14.axis_phases(4, 2, 3, 0, 1, 1)
