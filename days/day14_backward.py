@@ -1,4 +1,4 @@
-"""Day 14 (in progress): the backward pass. So far the mapping of dgrad, simulated in Python.
+"""Day 14 (in progress): the backward pass. So far dgrad's mapping and wgrad's split-K, simulated in Python.
 
 dgrad computes dx = ∂L/∂x from dy and w (`helpers.problem`, op ``"dgrad"``). Per filter axis,
 with stride s, padding pad and dilation d, an input row h of dx collects
@@ -19,8 +19,19 @@ writes zeros.
 `axis_phases` computes the phases of one axis; `dgrad_by_phases` composes dx from them in
 float64 (the model the kernel will follow, checked in tests/test_backward.py against the
 harness's reference, `torch.ops.aten.convolution_backward`); `dgrad_mac_counts` counts the
-multiplications of the naive walk and of the phase split. Sources: NVIDIA CUTLASS,
-``docs/implicit_gemm_convolution.md`` (dgrad as an implicit GEMM; the strided dgrad iterators).
+multiplications of the naive walk and of the phase split.
+
+wgrad computes dw from x and dy: a GEMM with M = K, N = C·R·S and GEMM-K = N·P·Q, the longest
+reduction of the three operations (800,000 terms for a ResNet-50 layer at N = 256). **Split-K**
+cuts GEMM-K into slices that separate blocks reduce, each into an fp32 partial; *serial* split-K
+adds the partials into the output in slice order (blocks wait on a semaphore: deterministic),
+*parallel* split-K writes them to an fp32 workspace that a second kernel sums and converts to the
+output dtype. `split_k_slices` cuts GEMM-K into whole BK steps; `wgrad_split_k` computes dw from
+fp32 partials summed in slice order, the arithmetic both kernels will do.
+
+Sources: NVIDIA CUTLASS, ``docs/implicit_gemm_convolution.md`` (dgrad as an implicit GEMM; the
+strided dgrad iterators) and ``docs/efficient_gemm.md`` (parallelized reductions: split-K,
+serial and parallel).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from helpers.problem import Conv2dProblem
 
@@ -136,3 +148,54 @@ def dgrad_mac_counts(p: Conv2dProblem) -> dict[str, int]:
             useful += rows_in * cols_in
     per_pair = p.N * p.C * p.K
     return {"naive": per_pair * p.H * p.W * p.R * p.S, "phases": per_pair * phases, "useful": per_pair * useful}
+
+
+def split_k_slices(length: int, splits: int, bk: int = 32) -> list[tuple[int, int]]:
+    """Cut a GEMM-K of ``length`` into at most ``splits`` slices [k0, k1) of whole ``bk`` steps.
+
+    Every slice but the last is a multiple of ``bk`` long (a block walks whole steps); the slices
+    are as equal as whole steps allow, none is empty, and together they cover 0 .. length once.
+    Fewer than ``splits`` slices come back when GEMM-K has fewer steps than that.
+
+    Raises:
+        ValueError: ``length``, ``splits`` or ``bk`` below 1.
+    """
+    if length < 1 or splits < 1 or bk < 1:
+        raise ValueError(f"split_k_slices: length {length}, splits {splits}, bk {bk} must all be >= 1")
+    steps = -(-length // bk)
+    n = min(splits, steps)
+    bounds = [bk * (steps * i // n) for i in range(n)] + [length]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def wgrad_split_k(p: Conv2dProblem, x: torch.Tensor, dy: torch.Tensor, splits: int, bk: int = 32) -> torch.Tensor:
+    """dw by split-K in fp32: the simulation of a split-K wgrad kernel (groups = 1).
+
+    GEMM-K index m = (n·P + p)·Q + q walks the images' output pixels. Slice i of `split_k_slices`
+    computes its partial dw[K][C·R·S] = dy[:, slice] · A[slice, :] in fp32, where A is x lowered to
+    (N·P·Q) x (C·R·S) (`torch.nn.functional.unfold`); the partials are added in slice order in
+    fp32, as serial split-K adds them into the output and as the parallel reduction sums them.
+
+    Args:
+        p: a wgrad problem, groups = 1.
+        x: (N, C, H, W) logical NCHW; dy: (N, K, P, Q). Any float dtype; computed in fp32.
+        splits, bk: as in `split_k_slices`.
+
+    Returns:
+        dw, (K, C, R, S) float32.
+
+    Raises:
+        ValueError: not a wgrad problem, groups != 1, or tensors of the wrong shape.
+    """
+    if p.op != "wgrad" or p.groups != 1:
+        raise ValueError(f"wgrad_split_k needs a wgrad problem with groups = 1; got op {p.op!r}, groups {p.groups}")
+    if tuple(x.shape) != (p.N, p.C, p.H, p.W) or tuple(dy.shape) != (p.N, p.K, p.P, p.Q):
+        raise ValueError(f"x {tuple(x.shape)} / dy {tuple(dy.shape)}: expected ({p.N}, {p.C}, {p.H}, {p.W}) / "
+                         f"({p.N}, {p.K}, {p.P}, {p.Q})")  # fmt: skip
+    a = F.unfold(x.float(), (p.R, p.S), dilation=p.dilation, padding=p.padding, stride=p.stride)  # (N, CRS, PQ)
+    a = a.permute(0, 2, 1).reshape(p.N * p.P * p.Q, p.C * p.R * p.S)  # GEMM-K rows m = (n, p, q)
+    b = dy.float().permute(1, 0, 2, 3).reshape(p.K, p.N * p.P * p.Q)  # (K, GEMM-K)
+    dw = torch.zeros((p.K, p.C * p.R * p.S), dtype=torch.float32, device=x.device)
+    for k0, k1 in split_k_slices(p.N * p.P * p.Q, splits, bk):
+        dw += b[:, k0:k1] @ a[k0:k1]  # one slice's fp32 partial, added in slice order
+    return dw.reshape(p.K, p.C, p.R, p.S)

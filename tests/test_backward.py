@@ -1,4 +1,4 @@
-"""Day 14's dgrad mapping on the CPU: the filter-phase split of `days.day14_backward`.
+"""Day 14's mappings on the CPU: dgrad's filter-phase split and wgrad's split-K (`days.day14_backward`).
 
 * `dgrad_by_phases` equals the harness's float64 reference (`helpers.check.reference`, which is
   ``torch.ops.aten.convolution_backward``) on random problems with strides (1, 1) to (3, 2), both
@@ -8,18 +8,22 @@
 * dx positions no tap reaches (stride larger than the dilated filter) are exactly 0;
 * the phase split does no more multiplications than the useful ones plus dy's borders, and the
   naive walk does stride_h·stride_w times as many as the phases for a stride with no empty phase;
-* a planted fault (one tap's offset off by one) is caught.
+* a planted fault (one tap's offset off by one) is caught;
+* split-K: the slices are whole BK steps, none empty, covering GEMM-K once; dw from fp32 partials
+  summed in slice order equals the reference bit for bit on integer inputs and stays inside the
+  fp32 bound (`helpers.check.compare`) for 1 to 64 slices; a dropped slice is caught.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from days import day14_backward as d14
-from helpers.check import reference
+from helpers.check import compare, reference
 from helpers.problem import Conv2dProblem
 
 
@@ -119,3 +123,54 @@ def test_refusals():
         d14.dgrad_by_phases(p, torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
     with pytest.raises(ValueError, match="bad axis"):
         d14.axis_phases(4, 2, 3, 0, 1, 1)
+
+
+# ---- wgrad split-K ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length, splits, bk", [(100, 3, 32), (64, 5, 32), (10, 4, 32), (1000, 7, 32), (4096, 16, 64),
+                                                (33, 33, 1), (1, 1, 32)])  # fmt: skip
+def test_split_k_slices_are_whole_steps_covering_gemm_k_once(length, splits, bk):
+    sl = d14.split_k_slices(length, splits, bk)
+    steps = -(-length // bk)
+    assert len(sl) == min(splits, steps)
+    assert sl[0][0] == 0 and sl[-1][1] == length and all(a[1] == b[0] for a, b in zip(sl, sl[1:]))
+    assert all(k1 > k0 for k0, k1 in sl) and all((k1 - k0) % bk == 0 for k0, k1 in sl[:-1])
+    per = [-(-(k1 - k0) // bk) for k0, k1 in sl]
+    assert max(per) - min(per) <= 1
+
+
+WGRAD_CASES = [
+    Conv2dProblem(N=2, C=3, H=9, W=8, K=4, R=3, S=3, stride=2, padding=1, op="wgrad"),
+    Conv2dProblem(N=3, C=5, H=12, W=9, K=6, R=3, S=2, stride=(1, 2), padding=(2, 1), dilation=(2, 1), op="wgrad"),
+    Conv2dProblem(N=4, C=8, H=16, W=16, K=8, R=1, S=1, op="wgrad"),
+]
+
+
+@pytest.mark.parametrize("p", WGRAD_CASES, ids=lambda p: p.name)
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
+def test_split_k_wgrad_matches_the_reference(p, splits):
+    xi, dyi = p.make_inputs(kind="int", seed=4)
+    dw = d14.wgrad_split_k(p, p.to_logical(xi), p.to_logical(dyi), splits, bk=8)
+    assert torch.equal(dw.double(), reference(p, xi, dyi))  # integers: every partial sum is exact in fp32
+    x, dy = p.make_inputs(seed=4)
+    r = compare(p, x, dy, d14.wgrad_split_k(p, p.to_logical(x), p.to_logical(dy), splits, bk=8))
+    assert r["worst_err_over_bound"] <= 1 and r["nonfinite"] == 0, r
+
+
+def test_a_dropped_slice_is_caught(monkeypatch):
+    p = WGRAD_CASES[2]
+    x, dy = p.make_inputs(seed=1)
+    good = d14.split_k_slices
+    monkeypatch.setattr(d14, "split_k_slices", lambda *a: good(*a)[:-1])  # the last slice never runs
+    r = compare(p, x, dy, d14.wgrad_split_k(p, p.to_logical(x), p.to_logical(dy), 4, bk=8))
+    assert r["worst_err_over_bound"] > 1
+
+
+def test_split_k_refusals():
+    with pytest.raises(ValueError, match="must all be >= 1"):
+        d14.split_k_slices(0, 2)
+    with pytest.raises(ValueError, match="wgrad problem"):
+        d14.wgrad_split_k(replace(WGRAD_CASES[0], op="dgrad"), torch.zeros(1), torch.zeros(1), 2)
+    with pytest.raises(ValueError, match="expected"):
+        d14.wgrad_split_k(WGRAD_CASES[0], torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1), 2)
