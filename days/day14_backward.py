@@ -16,10 +16,10 @@ every s-th row of dx; each tap belongs to exactly one phase, so the phases toget
 the useful multiplications, and a phase with no tap (stride larger than the dilated filter)
 writes zeros.
 
-`axis_phases` computes the phases of one axis; `dgrad_by_phases` composes dx from them in
-float64 (the model the kernel will follow, checked in tests/test_backward.py against the
-harness's reference, `torch.ops.aten.convolution_backward`); `dgrad_mac_counts` counts the
-multiplications of the naive walk and of the phase split.
+`axis_phases` computes the phases of one axis and `dgrad_phases` those of both;
+`dgrad_by_phases` composes dx from them in float64 (the model the kernel will follow, checked
+in tests/test_backward.py against the harness's reference, `torch.ops.aten.convolution_backward`);
+`dgrad_mac_counts` counts the multiplications of the naive walk and of the phase split.
 
 wgrad computes dw from x and dy: a GEMM with M = K, N = C·R·S and GEMM-K = N·P·Q, the longest
 reduction of the three operations (800,000 terms for a ResNet-50 layer at N = 256). **Split-K**
@@ -80,7 +80,12 @@ def axis_phases(out_len: int, in_len: int, taps: int, stride: int, pad: int, dil
     return phases
 
 
-def _phases(p: Conv2dProblem) -> tuple[list[AxisPhase], list[AxisPhase]]:
+def dgrad_phases(p: Conv2dProblem) -> tuple[list[AxisPhase], list[AxisPhase]]:
+    """The `axis_phases` of a dgrad problem's rows (H from P, R) and columns (W from Q, S).
+
+    Raises:
+        ValueError: not a dgrad problem, or groups != 1.
+    """
     if p.op != "dgrad":
         raise ValueError(f"dgrad phases need a dgrad problem; got op {p.op!r}")
     if p.groups != 1:
@@ -107,7 +112,7 @@ def dgrad_by_phases(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torc
     Raises:
         ValueError: not a dgrad problem, groups != 1, or tensors of the wrong shape.
     """
-    ph_h, ph_w = _phases(p)
+    ph_h, ph_w = dgrad_phases(p)
     if tuple(dy.shape) != (p.N, p.K, p.P, p.Q) or tuple(w.shape) != (p.K, p.C, p.R, p.S):
         raise ValueError(f"dy {tuple(dy.shape)} / w {tuple(w.shape)}: expected ({p.N}, {p.K}, {p.P}, {p.Q}) / "
                          f"({p.K}, {p.C}, {p.R}, {p.S})")  # fmt: skip
@@ -138,7 +143,7 @@ def dgrad_mac_counts(p: Conv2dProblem) -> dict[str, int]:
     (N·C·H·W·K·R·S, the implicit GEMM M = N·H·W, N = C, K = K·R·S); ``phases`` walks each dx
     element's phase taps only, dy row bounds included; ``useful`` is the same count restricted
     to taps whose dy element exists (what any correct kernel must do)."""
-    ph_h, ph_w = _phases(p)
+    ph_h, ph_w = dgrad_phases(p)
     phases = useful = 0
     for a in ph_h:
         for b in ph_w:

@@ -70,7 +70,8 @@ def test_phases_compose_dgrad(p, kind):
 
 @pytest.mark.parametrize("p", CASES + random_cases(40, seed=11), ids=lambda p: p.name)
 def test_each_tap_in_one_phase_and_each_row_in_one_phase(p):
-    for length, taps, phases in ((p.H, p.R, d14._phases(p)[0]), (p.W, p.S, d14._phases(p)[1])):
+    rows_phases, cols_phases = d14.dgrad_phases(p)
+    for length, taps, phases in ((p.H, p.R, rows_phases), (p.W, p.S, cols_phases)):
         assert sorted(t for ph in phases for t in ph.taps) == list(range(taps))
         rows = sorted(ph.phase + i * len(phases) for ph in phases for i in range(ph.rows))
         assert rows == list(range(length))
@@ -83,7 +84,7 @@ def test_rows_no_tap_reaches_are_exactly_zero():
     reached = torch.zeros(p.H, p.W, dtype=torch.bool)
     reached[::3, ::3] = True
     assert bool((dx[:, :, ~reached] == 0).all()) and bool((dx[:, :, reached] != 0).any())
-    phases_h = d14._phases(p)[0]
+    phases_h = d14.dgrad_phases(p)[0]
     assert [len(a.taps) for a in phases_h] == [1, 0, 0]
 
 
