@@ -5,7 +5,8 @@
 #                                                   # or only the given test files
 #   benchmarks/device_session.sh sanitize [VARIANT ...]  # compute-sanitizer memcheck + racecheck on benchmarks.smoke
 #   benchmarks/device_session.sh bench [SUITE ...]  # the committed CSVs: quick seed depthwise edge
-#                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC (default: all)
+#                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
+#                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
 #
 # e.g. after the day 12 / day 13 split (day 12 = igemm_pipelined, day 13 = igemm_production):
@@ -49,13 +50,17 @@ case "$part" in
     ;;
   bench)
     suites=("$@")
-    [ ${#suites[@]} -gt 0 ] || suites=(quick seed depthwise edge resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC)
+    [ ${#suites[@]} -gt 0 ] || suites=(quick seed depthwise edge resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
+                                       resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC)
     for s in "${suites[@]}"; do
       case "$s" in
         quick | seed | depthwise | edge) step "$s" python3 -m benchmarks --suite "$s" --no-progress ;;
         resnet50_fp32) step "$s" python3 -m benchmarks --suite resnet50 --variants blocked --dtype fp32 --no-progress ;;
         resnet50_fp32_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NHWC --no-progress ;;
         resnet50_fp16_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress ;;
+        resnet50_dgrad_fp16_NHWC | resnet50_wgrad_fp16_NHWC)  # day 14: the backward operations
+          op=${s#resnet50_}
+          step "$s" python3 -m benchmarks --suite resnet50 --op "${op%%_*}" --dtype fp16 --layout NHWC --no-progress ;;
         *) echo "unknown suite $s" >&2; status=1 ;;
       esac
     done

@@ -32,9 +32,9 @@ SMALL = [
 
 
 def smoke_problem(v, smem_limit: int | None = None, cc: tuple[int, int] | None = None) -> Conv2dProblem | None:
-    """The first of `SMALL` (in ``v``'s layout and dtype) that ``v`` claims, or None."""
+    """The first of `SMALL` (in ``v``'s operation, layout and dtype) that ``v`` claims, or None."""
     for p in SMALL:
-        q = v.adapt(p)
+        q = v.adapt(p, op=True)
         if v.supports(q, smem_limit=smem_limit, cc=cc) is None:
             return q
     return None

@@ -75,9 +75,11 @@ class LaunchConfig:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A pointer argument of a kernel, by the name of the tensor it points to (see `prepare`)."""
+    """A pointer argument of a kernel, by the name of the tensor it points to (see `prepare`),
+    ``offset`` bytes past its start (e.g. one part of the workspace)."""
 
     name: str
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,15 +183,17 @@ class Variant:
                         f"{assumed}")  # fmt: skip
         return self.build_reason(cc) if cc is not None else None
 
-    def adapt(self, problem: Conv2dProblem) -> Conv2dProblem:
+    def adapt(self, problem: Conv2dProblem, op: bool = False) -> Conv2dProblem:
         """``problem`` itself if this variant takes its layout and dtype, else the same problem in
         the variant's first layout and/or dtype (e.g. an fp32 NCHW suite problem as fp16 NHWC for
-        a tensor-core kernel). The operation is never changed."""
+        a tensor-core kernel). The operation is changed only with ``op=True`` (the same sizes as
+        this variant's operation: how tests run the fprop suites through dgrad and wgrad)."""
         layout = problem.layout if problem.layout in self.layouts else self.layouts[0]
         dtype = problem.dtype if problem.dtype in self.dtypes else self.dtypes[0]
-        if (layout, dtype) == (problem.layout, problem.dtype):
+        kind = self.op if op else problem.op
+        if (layout, dtype, kind) == (problem.layout, problem.dtype, problem.op):
             return problem
-        return replace(problem, layout=layout, dtype=dtype, name="")
+        return replace(problem, layout=layout, dtype=dtype, op=kind, name="")
 
     # ---- how it launches ----------------------------------------------------------------------
     def launches(self, problem: Conv2dProblem, epilogue: Epilogue = PLAIN) -> list[KernelLaunch]:
@@ -469,10 +473,11 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
 
 def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
     """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
-    pointer (0 for an operand passed as None).
+    pointer plus its ``offset`` (0 for an operand passed as None).
 
     Raises:
-        ValueError: a launch names a buffer that is not among ``tensors``.
+        ValueError: a launch names a buffer that is not among ``tensors``, or an offset outside
+            the tensor's bytes.
     """
     out = {}
     for k, fn in compiled:
@@ -483,7 +488,10 @@ def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
                                      f"{', '.join(tensors)}")  # fmt: skip
                 t = tensors[a.name]
-                args.append(np.uintp(t.data_ptr() if t is not None else 0))
+                if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
+                                     "outside the tensor")  # fmt: skip
+                args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
             else:
                 args.append(a)
         out[k.name] = _launcher(fn, tuple(args), k.config)

@@ -110,7 +110,7 @@ def test_a_planted_offset_error_is_caught(monkeypatch):
         a = ph[0]
         return [a._replace(offsets=(a.offsets[0] + 1, *a.offsets[1:]))] + ph[1:]
 
-    monkeypatch.setattr(d14, "axis_phases", off_by_one)
+    monkeypatch.setattr(d14.model, "axis_phases", off_by_one)
     assert not torch.equal(d14.dgrad_by_phases(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
 
 
@@ -163,7 +163,7 @@ def test_a_dropped_slice_is_caught(monkeypatch):
     p = WGRAD_CASES[2]
     x, dy = p.make_inputs(seed=1)
     good = d14.split_k_slices
-    monkeypatch.setattr(d14, "split_k_slices", lambda *a: good(*a)[:-1])  # the last slice never runs
+    monkeypatch.setattr(d14.model, "split_k_slices", lambda *a: good(*a)[:-1])  # the last slice never runs
     r = compare(p, x, dy, d14.wgrad_split_k(p, p.to_logical(x), p.to_logical(dy), 4, bk=8))
     assert r["worst_err_over_bound"] > 1
 
@@ -175,3 +175,81 @@ def test_split_k_refusals():
         d14.wgrad_split_k(replace(WGRAD_CASES[0], op="dgrad"), torch.zeros(1), torch.zeros(1), 2)
     with pytest.raises(ValueError, match="expected"):
         d14.wgrad_split_k(WGRAD_CASES[0], torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1), 2)
+
+
+# ---- the kernels' arguments, simulated on the CPU -----------------------------------------------
+
+PAST_DILATED = dgrad(N=1, C=3, H=7, W=6, K=2, R=3, S=2, padding=(3, 2))  # padding past the dilated filter
+
+
+@pytest.mark.parametrize("p", CASES + [PAST_DILATED] + random_cases(40, seed=11), ids=lambda p: p.name)
+def test_dgrad_launch_arguments_compose_dgrad(p):
+    """`days.day14_backward.dgrad.simulate` runs what the launches say (the phase filters' layout,
+    each phase's padding, dilation, offset and output rows) and must give dgrad exactly on
+    integer inputs."""
+    dy, w = p.make_inputs(kind="int", seed=5)
+    assert torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
+
+
+def test_phase_filters_hold_every_tap_once():
+    p = CASES[3]
+    w = torch.arange(p.K * p.C * p.R * p.S, dtype=torch.float64).reshape(p.K, p.C, p.R, p.S) + 1
+    wt = d14.dgrad.filter_phases(p, w)
+    assert sorted(wt.tolist()) == sorted(w.flatten().tolist())
+
+
+def test_a_planted_filter_rank_error_is_caught(monkeypatch):
+    """Taps in ascending r instead of ascending dy offset (the filter not turned around): caught."""
+    p = CASES[5]
+    dy, w = p.make_inputs(kind="int", seed=5)
+    good = d14.dgrad.filter_phases
+    monkeypatch.setattr(d14.dgrad, "filter_phases", lambda q, t: good(q, t.flip(2, 3)))
+    assert not torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 7, 49, 56, 196, 784, 3136, 12544, 100352, 2**20 + 1, 2**30, 2**31 - 1])
+def test_fast_div_matches_integer_division(d):
+    mul, shift = d14.fast_div(d)
+    assert 0 < mul < 2**32 and 0 <= shift <= 31
+    rng = torch.Generator().manual_seed(d)
+    n = torch.randint(0, 2**31 - 1, (20000,), generator=rng).tolist()
+    n += [0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 2**31 - 2, 2**31 - 1]
+    n = [v for v in n if 0 <= v < 2**31]
+    got = d14.fast_div_apply(n, mul, shift)
+    assert got.tolist() == [v // d for v in n]
+
+
+def test_fast_div_refuses_what_it_cannot_divide_by():
+    for d in (0, -3, 2**31):
+        with pytest.raises(ValueError, match="divisor"):
+            d14.fast_div(d)
+
+
+def test_split_rule_keeps_slices_long_and_fills_the_gpu():
+    from helpers.suites import suite
+
+    for p in suite("resnet50", dtype="fp16", layout="NHWC", op="wgrad"):
+        cfg = d14.choose_wgrad(p)
+        steps = -(-p.N * p.P * p.Q // cfg.tile.bk)
+        assert 1 <= cfg.splits <= max(1, steps // d14.wgrad.MIN_SLICE_STEPS), (p.name, cfg)
+        sl = d14.wgrad.slices(p, cfg)
+        assert len(sl) == cfg.splits and sl[0][0] == 0 and sl[-1][1] == p.N * p.P * p.Q
+        if cfg.splits > 1:  # split only where the partials cost at most a quarter of the main loop
+            traffic = cfg.splits * p.K * p.C * p.R * p.S * 8 / d14.wgrad.PARTIAL_BYTES_PER_S
+            assert traffic <= d14.wgrad.PARTIAL_SHARE * p.flops / d14.wgrad.MAIN_LOOP_FLOPS
+    big = Conv2dProblem(N=256, C=64, H=56, W=56, K=64, R=1, S=1, op="wgrad", dtype="fp16", layout="NHWC")
+    assert d14.choose_wgrad(big).splits > 100  # 64 x 64 outputs over 802,816 pixels: split finely
+
+
+def test_wgrad_refusals():
+    v = d14.WGRAD
+    base = dict(N=2, H=8, W=8, R=3, S=3, padding=1, op="wgrad", dtype="fp16", layout="NHWC")
+    assert v.supports(Conv2dProblem(C=16, K=16, **base)) is None
+    assert "C % 8 == 0" in v.supports(Conv2dProblem(C=3, K=16, **base))
+    assert "K % 8 == 0" in v.supports(Conv2dProblem(C=16, K=12, **base))
+    huge = Conv2dProblem(N=2**16, C=8, H=182, W=182, K=8, R=1, S=1, op="wgrad", dtype="fp16", layout="NHWC")
+    assert "2^31" in v.supports(huge, smem_limit=2**31)
+    with pytest.raises(ValueError, match="mode"):
+        d14.make_wgrad("w", mode="atomic")
+    with pytest.raises(ValueError, match="splits"):
+        d14.make_wgrad("w", splits=0)

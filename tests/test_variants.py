@@ -70,10 +70,10 @@ ALL_PROBLEMS = [(f"edge:{p.name}", p) for p in edge()] + [
 ]
 # (variant, problem) pairs the variant claims; the unsupported ones are not tests (and not skips)
 SUPPORTED = [
-    pytest.param(v, v.adapt(p), id=f"{v.name}-{pid}")
+    pytest.param(v, v.adapt(p, op=True), id=f"{v.name}-{pid}")
     for v in VARIANTS
     for pid, p in ALL_PROBLEMS
-    if v.supports(v.adapt(p)) is None
+    if v.supports(v.adapt(p, op=True)) is None
 ]
 
 
@@ -94,7 +94,8 @@ def test_every_output_written_once(v, p: Conv2dProblem):
     if is_big(p):
         pytest.skip("2^31-element problem: launch limits checked, coverage model not evaluated (memory)")
     counts = np.asarray(v.covers(p))
-    assert counts.shape == (p.y_numel,), f"{v.name}: covers() gives {counts.shape}, want ({p.y_numel},)"
+    numel = int(np.prod(p.tensor_shape(p.output)))
+    assert counts.shape == (numel,), f"{v.name}: covers() gives {counts.shape}, want ({numel},)"
     never, twice = int((counts == 0).sum()), int((counts > 1).sum())
     assert never == 0 and twice == 0, f"{v.name} on {p.name}: {never} outputs never written, {twice} more than once"
 
@@ -102,21 +103,21 @@ def test_every_output_written_once(v, p: Conv2dProblem):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_supports_returns_none_or_a_reason(v):
     for _, p in ALL_PROBLEMS:
-        reason = v.supports(v.adapt(p))
+        reason = v.supports(v.adapt(p, op=True))
         assert reason is None or (isinstance(reason, str) and reason.startswith(v.name)), (v.name, p.name, reason)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_variant_supports_something(v):
     """A variant with no supported problem among the edge and random ones would make the coverage test vacuous."""
-    probs = [v.adapt(p) for p in edge() + random_problems() if not is_big(p)]
+    probs = [v.adapt(p, op=True) for p in edge() + random_problems() if not is_big(p)]
     assert any(v.supports(p) is None for p in probs), f"{v.name} supports none of the edge/random problems"
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_grid_capping_cases_are_covered(v):
     """The edge suite's N*K > 65535 and P > 65535*8 problems: supported ones keep the grid within limits."""
-    for p in map(v.adapt, edge()):
+    for p in map(lambda q: v.adapt(q, op=True), edge()):
         if (p.N * p.K > MAX_GRID[2] or p.P > MAX_GRID[1] * 8) and v.supports(p) is None:
             cfg = v.launch(p)
             assert cfg.grid[1] <= MAX_GRID[1] and cfg.grid[2] <= MAX_GRID[2], (v.name, p.name, cfg)
@@ -130,7 +131,7 @@ def test_registry_names_and_days():
     for v in VARIANTS:
         assert get(v.name) is v and get(v) is v
         assert v.cu_file.endswith(".cu")
-        for q in (v.adapt(p) for _, p in ALL_PROBLEMS[:12]):
+        for q in (v.adapt(p, op=True) for _, p in ALL_PROBLEMS[:12]):
             if v.supports(q) is None:
                 ks = v.launches(q)
                 assert ks and ks[-1].config == v.launch(q) and all(k.entry for k in ks), v.name
@@ -184,9 +185,11 @@ def no_gpu(monkeypatch):
 
 
 def supported_square(v) -> Conv2dProblem:
-    """A problem ``v`` supports with H == W (so a transposed x keeps its shape)."""
-    for p in map(v.adapt, quick() + edge() + random_problems()):
-        if p.H == p.W and p.H > 1 and not is_big(p) and v.supports(p) is None:
+    """A problem ``v`` supports (in its operation) whose first input is square, H == W for x and
+    P == Q for dy (so a transposed input keeps its shape)."""
+    for p in map(lambda q: v.adapt(q, op=True), quick() + edge() + random_problems()):
+        side = (p.H, p.W) if p.inputs[0] == "x" else (p.P, p.Q)
+        if side[0] == side[1] > 1 and not is_big(p) and v.supports(p) is None:
             return p
     pytest.skip(f"{v.name} supports no square problem here")
 
@@ -195,30 +198,32 @@ def supported_square(v) -> Conv2dProblem:
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_bad_tensors_refused_on_cpu(v, call, no_gpu):
     p = supported_square(v)
-    x, w = p.make_inputs()
+    x, w = p.make_inputs()  # the op's two inputs (fprop x, w; dgrad dy, w; wgrad x, dy)
+    a, b = p.inputs
     want = str(p.torch_dtype).replace(".", r"\.")  # e.g. torch\.float32
-    with pytest.raises(TypeError, match=rf"x must be {want}"):
+    with pytest.raises(TypeError, match=rf"{a} must be {want}"):
         call(v, p, x.double(), w)
-    with pytest.raises(TypeError, match=rf"w must be {want}"):
+    with pytest.raises(TypeError, match=rf"{b} must be {want}"):
         call(v, p, x, w.double())
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         call(v, p, x.numpy(), w)
-    bad_shape = torch.zeros(p.N, p.C, p.H + 1, p.W, dtype=p.torch_dtype)
-    with pytest.raises(ValueError, match="x must have shape"):
-        call(v, p, bad_shape, w)
-    with pytest.raises(ValueError, match="w must have shape"):
+    shape = list(x.shape)
+    shape[2] += 1
+    with pytest.raises(ValueError, match=f"{a} must have shape"):
+        call(v, p, torch.zeros(shape, dtype=p.torch_dtype), w)
+    with pytest.raises(ValueError, match=f"{b} must have shape"):
         call(v, p, x, w[:, :, :1])
-    xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap H and W (H == W)
+    xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap the square sides
     assert xt.shape == x.shape and not xt.is_contiguous()
-    with pytest.raises(ValueError, match=r"not contiguous.*x\.contiguous\(\)"):
+    with pytest.raises(ValueError, match=rf"not contiguous.*{a}\.contiguous\(\)"):
         call(v, p, xt, w)
-    with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
+    with pytest.raises(ValueError, match=rf"{a} is on cpu.*{a}\.cuda\(\)"):
         call(v, p, x, w)
 
 
 def aligned_x_problem(v, misaligned) -> Conv2dProblem | None:
     """A problem ``v`` supports on which its tensor check refuses an x 2 bytes off alignment, or None."""
-    for p in map(v.adapt, quick() + edge() + random_problems()):
+    for p in map(lambda q: v.adapt(q, op=True), quick() + edge() + random_problems()):
         if is_big(p) or v.supports(p) is not None:
             continue
         off = misaligned(torch.zeros(p.x_shape, dtype=p.torch_dtype))
@@ -270,7 +275,7 @@ def test_no_gpu_fixture_blocks_pycuda(no_gpu):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_sizes_past_int32_are_refused(v):
     """The kernels take sizes as np.int32: a larger one must be refused, not wrapped or overflowed at launch."""
-    p = v.adapt(Conv2dProblem(N=1, C=1, H=2**31, W=1, K=1, R=1, S=1))
+    p = v.adapt(Conv2dProblem(N=1, C=1, H=2**31, W=1, K=1, R=1, S=1), op=True)
     reason = v.supports(p, smem_limit=2**31)
     assert reason is not None and "int32" in reason and str(2**31) in reason, reason
 
@@ -279,11 +284,12 @@ def test_sizes_past_int32_are_refused(v):
 def test_bad_y_refused_before_gpu(v, no_gpu):
     p = supported_square(v)
     x, w = p.make_inputs()
-    for y in (torch.empty(1), torch.empty(p.y_shape, dtype=torch.float64), torch.empty(p.y_shape + (2,))[..., 0],
-              np.zeros(p.y_shape, dtype=np.float32)):  # fmt: skip
-        with pytest.raises(ValueError, match="y must be"):
+    shape, name = p.tensor_shape(p.output), p.output
+    for y in (torch.empty(1), torch.empty(shape, dtype=torch.float64), torch.empty(shape + (2,))[..., 0],
+              np.zeros(shape, dtype=np.float32)):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name} must be"):
             prepare(v, p, x, w, out=y)
-        with pytest.raises(ValueError, match="y must be"):
+        with pytest.raises(ValueError, match=f"{name} must be"):
             run(v, p, x, w, out=y)
 
 
@@ -307,7 +313,7 @@ INT32_PRODUCTS = [
 @pytest.mark.parametrize("name, p, words", INT32_PRODUCTS)
 def test_int32_products_in_kernels_are_refused(name: str, p: Conv2dProblem, words: str):
     v = get(name)
-    reason = v.supports(v.adapt(p), smem_limit=2**31)
+    reason = v.supports(v.adapt(p, op=True), smem_limit=2**31)
     assert reason is not None and words in reason, reason
 
 
@@ -317,7 +323,7 @@ def test_int32_product_limits_are_tight(name: str):
     v = get(name)
     for p in (Conv2dProblem(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1),
               Conv2dProblem(N=1, C=1, H=46340, W=46340, K=1, R=1, S=1)):  # fmt: skip
-        assert v.supports(v.adapt(p), smem_limit=2**31) is None, (name, p.name)
+        assert v.supports(v.adapt(p, op=True), smem_limit=2**31) is None, (name, p.name)
 
 
 # ---- the launch path end to end, with a stand-in GPU -----------------------------------------
@@ -369,12 +375,12 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     launches = v.launches(p)
     assert [b[1] for b in built] == [k.entry for k in launches]
     assert all(b[0] == v.cu_file and b[2] == v.defines and b[4] == v.target((9, 0)) for b in built)
-    assert tuple(y.shape) == p.y_shape and y.dtype == p.torch_dtype
+    assert tuple(y.shape) == p.tensor_shape(p.output) and y.dtype == p.torch_dtype
     assert list(plan.kernels) == [k.name for k in launches]
     ws = plan.workspace
     assert (ws is None) == (v.workspace_bytes(p) == 0) and (ws is None or ws.numel() == v.workspace_bytes(p))
     plan()
-    ptrs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr(), "cin": 0, "bias": 0,
+    ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
             "workspace": ws.data_ptr() if ws is not None else None}  # fmt: skip
     assert [c[0] for c in calls] == [k.entry for k in launches]
     for (entry, args, grid, block, shared), k in zip(calls, launches):
@@ -382,7 +388,7 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
         assert len(args) == len(k.args)
         for got, want in zip(args, k.args):
             if isinstance(want, Buffer):
-                assert type(got) is np.uintp and int(got) == ptrs[want.name], (entry, want)
+                assert type(got) is np.uintp and int(got) == ptrs[want.name] + want.offset, (entry, want)
             else:
                 assert type(got) is type(want) and got == want, (entry, got, want)
 

@@ -170,8 +170,9 @@ __device__ __forceinline__ void b_rows(bool (&b_row)[T::B_PER], int k0, int row0
 // Per A chunk row, the filter taps that land inside the image, as bits: bit r for the filter rows
 // r whose input row h0 + r*dh is in [0, H), bit 16 + s for the filter columns s whose input column
 // w0 + s*dw is in [0, W) (R, S <= 16, checked in Python). A step's bounds test is then one AND
-// against the step's (r, s) probe. A row past M has no bits.
-template <class T>
+// against the step's (r, s) probe. A row past M has no bits. FPROP_SIZES: P and Q follow from the
+// padding (fprop), so an unpadded problem needs no test; day 14's dgrad phases pass other P, Q.
+template <class T, bool FPROP_SIZES = true>
 __device__ __forceinline__ void tap_masks(unsigned (&amask)[T::A_PER], const int (&h0)[T::A_PER],
                                           const int (&w0)[T::A_PER], const Conv& cv, idx_t m0, int row0, idx_t M) {
     const int H = cv.H, W = cv.W, S = cv.S;
@@ -186,8 +187,8 @@ __device__ __forceinline__ void tap_masks(unsigned (&amask)[T::A_PER], const int
         for (int t = 0; t < len; ++t) mk |= (unsigned)((unsigned)(o + t * d) < (unsigned)n) << t;
         return mk;
     };
-    // Without padding every tap of a valid row is inside the image (P, Q are defined that way).
-    const bool no_pad = cv.ph == 0 && cv.pw == 0;
+    // Without padding every tap of a valid row is inside the image (fprop's P, Q are defined that way).
+    const bool no_pad = FPROP_SIZES && cv.ph == 0 && cv.pw == 0;
     const unsigned full = ((1u << cv.R) - 1) | ((1u << S) - 1) << 16;
 #pragma unroll
     for (int u = 0; u < T::A_PER; ++u) {
@@ -459,11 +460,20 @@ struct StageFp32 {
     }
 };
 
+// ---- where output rows go ---------------------------------------------------------------------
+// FpropRows: GEMM-M row m is row m of y[M][K], and P, Q follow from the padding (fprop). Day 14's
+// dgrad passes its own policy (FPROP = false, offset(m): the element offset of row m in dx), which
+// also turns off Cin and the unpadded shortcut of tap_masks.
+struct FpropRows {
+    static constexpr bool FPROP = true;
+};
+
 // ---- the kernel: which tile, which thread; then the phases in order ---------------------------
-template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16>
+template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16, class Rows = FpropRows>
 __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
                                                 const u16* cin, const u16* __restrict__ bias, const Conv cv,
-                                                float alpha, float beta, int relu, int swz_log) {
+                                                float alpha, float beta, int relu, int swz_log,
+                                                const Rows rows = Rows{}) {
     using T = Tile<BM, BN, BK, WGM, WGN, STAGES, MINB, ITER, BF16>;
     constexpr int A_PER = T::A_PER, B_PER = T::B_PER, CPRW = T::CPRW, ROWSTEP = T::ROWSTEP, KK = T::KK;
     constexpr bool ASYNC = T::ASYNC;
@@ -491,7 +501,7 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     const u16* xo[A_PER];
     a_rows<T>(h0, w0, xn, xo, x, cv, m0, row0, M);
     unsigned amask[A_PER];
-    if constexpr (ASYNC) tap_masks<T>(amask, h0, w0, cv, m0, row0, M);
+    if constexpr (ASYNC) tap_masks<T, Rows::FPROP>(amask, h0, w0, cv, m0, row0, M);
     const u16* wk = w + (idx_t)(k0 + row0) * KG;
     const idx_t w_rows = (idx_t)ROWSTEP * KG;
     bool b_row[B_PER];
@@ -586,7 +596,7 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     __syncthreads();  // every warp is done with the ring: reuse it for the output tile
 
     // ---- epilogue, pass 1: Stage, with StageRounded (without Cin) or StageFp32 (with Cin)
-    const bool with_c = cin != nullptr && beta != 0.0f;
+    const bool with_c = Rows::FPROP && cin != nullptr && beta != 0.0f;
     // The accumulator element (i, j, hf) sits at row WTM*wm + 16i + lane/4 + 8hf, column
     // WTN*wn + 8j + 2*(lane%4) of the tile: one base offset plus compile-time constants.
     const int st_row = T::WTM * wm + lane / 4, st_col = T::WTN * wn + 2 * (lane % 4);
@@ -614,6 +624,7 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     for (int it = 0; it < OUT_ITERS; ++it) {
         const int row = orow + RSTEP * it;
         if (m_first + RSTEP * it >= M) break;  // rows only grow with it
+        if constexpr (!Rows::FPROP) dst = y + rows.offset(m_first + RSTEP * it) + k;
         uint4 out;
         u16* o = reinterpret_cast<u16*>(&out);
         if (!with_c) {
@@ -675,7 +686,9 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16) \
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, true, bf16)
 
-// PIPE_ENTRIES (days/day13_igemm_production/tiles.py reads this list; keep one entry per line)
+// PIPE_ENTRIES (days/day13_igemm_production/tiles.py reads this list; keep one entry per line).
+// A file that includes this one for its templates (day 14's dgrad) defines IGEMM_PRODUCTION_NO_ENTRIES.
+#ifndef IGEMM_PRODUCTION_NO_ENTRIES
 PIPE_ENTRY(128, 128, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 2, OPTIMIZED, optimized)
@@ -689,3 +702,4 @@ PIPE_ENTRY(128, 64, 32, 2, 2, 4, 1, ANALYTIC, analytic)
 PIPE_ENTRY(64, 64, 32, 2, 2, 4, 1, ANALYTIC, analytic)
 PIPE_ENTRY(128, 64, 32, 2, 2, 4, 1, FEW_CHANNELS, few_channels)
 PIPE_ENTRY(64, 64, 32, 2, 2, 4, 1, FEW_CHANNELS, few_channels)
+#endif

@@ -8,6 +8,7 @@
 //   swz<BK>(r, ch)                 none: integer arithmetic (the stage layout)         any
 //   smem_addr(p)                   cvta.to.shared (via __cvta_generic_to_shared)       any
 //   ldsm_x4(r, addr)               ldmatrix.sync.aligned.m8n8.x4.shared.b16            sm_75
+//   ldsm_x4_trans(r, addr)         ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16      sm_75
 //   mma16816<BF16>(d, a, b0, b1)   mma.sync.aligned.m16n8k16.row.col.f32.T.T.f32,      sm_80
 //                                    T = f16 or bf16
 //   pack2<BF16>(lo, hi)            cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 (via           sm_80 (the
@@ -52,6 +53,15 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 // (two 16-bit elements) of each of the four matrices, in the mma fragment layout.
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// The same with .trans (day 14): each 8x8 matrix is read as 8 rows of 16 bytes and handed out
+// transposed (lane l gets row l/4, columns 2(l%4) and 2(l%4)+1 of the transpose), so a tile stored
+// with GEMM-K as its rows gives the fragments of one stored with GEMM-K along its rows.
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }

@@ -39,15 +39,16 @@ def claims(v, p) -> bool:
 
 
 def kinds_for(p) -> list[str]:
-    """normal and int always; cancel (exact result 0) when C/groups is even."""
-    return ["normal", "int"] + (["cancel"] if p.C_per_group % 2 == 0 else [])
+    """normal and int always; cancel (exact result 0) where the op has its cancelling pairs (an
+    even C/groups for fprop, K/groups for dgrad, N for wgrad: `Conv2dProblem.supports_kind`)."""
+    return ["normal", "int"] + (["cancel"] if p.supports_kind("cancel") is None else [])
 
 
 def _cases():
     problems = [("edge", p) for p in edge()] + [("quick", p) for p in quick()] + [("depthwise", p) for p in depthwise()]
     for v in VARIANTS:
         for suite_name, p in problems:
-            p = v.adapt(p)  # NHWC/fp16 kernels get the suites' problems in their layout/dtype
+            p = v.adapt(p, op=True)  # NHWC/fp16 kernels get the suites' problems in their layout/dtype
             if not claims(v, p):
                 continue
             for kind in kinds_for(p):
@@ -87,7 +88,7 @@ def _candidates():
 
 
 def _batched(v):
-    for p in map(v.adapt, _candidates()):
+    for p in map(lambda q: v.adapt(q, op=True), _candidates()):
         if p.N > 1 and not is_big(p) and claims(v, p):
             return p
     return None
@@ -95,7 +96,10 @@ def _batched(v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_batch_matches_single_images(v):
-    """out[n] of a batched launch equals, bit for bit, the N=1 launch on x[n:n+1]."""
+    """out[n] of a batched launch equals, bit for bit, the N=1 launch on x[n:n+1] (dy[n:n+1] for
+    dgrad; wgrad sums over the batch, so it has no per-image output)."""
+    if v.op == "wgrad":
+        pytest.skip("wgrad reduces over the images: dw has no image axis")
     p = _batched(v)
     if p is None:
         pytest.skip(f"{v.name} claims no batched problem of the edge/quick/depthwise suites")
@@ -110,12 +114,12 @@ def test_batch_matches_single_images(v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_poisoned_run_leaves_no_nan(v):
-    p = next((p for p in map(v.adapt, _candidates()) if not is_big(p) and claims(v, p)), None)
+    p = next((p for p in map(lambda q: v.adapt(q, op=True), _candidates()) if not is_big(p) and claims(v, p)), None)
     if p is None:
         pytest.skip(f"{v.name} claims no edge/quick/depthwise problem")
     skip_if_device_refuses(v, p)
     x, w = p.make_inputs(device="cuda")
-    y = torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda")
+    y = torch.zeros(p.output_shape, dtype=p.torch_dtype, device="cuda")
     out = run(v, p, x, w, out=y, poison=True)
     assert out.data_ptr() == y.data_ptr()  # written in place
     assert not bool(torch.isnan(out).any()), f"{v.name} on {p.name}: {int(torch.isnan(out).sum())} outputs unwritten"
@@ -126,7 +130,8 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
     """Cap the grid at 1 block in y and 2 in z: the kernel's unwritten (NaN) outputs are exactly
     where the Python model `covers` predicts no write (none, for grid-stride kernels)."""
     p = next(
-        (p for p in map(v.adapt, _candidates()) if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)),
+        (p for p in (v.adapt(q, op=True) for q in _candidates())
+         if p.N * p.K > 2 and p.P > 1 and not is_big(p) and claims(v, p)),
         None,
     )
     if p is None:
@@ -148,7 +153,7 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
 
 
 def _unclaimed(v):
-    for p in map(v.adapt, edge()):
+    for p in map(lambda q: v.adapt(q, op=True), edge()):
         if not is_big(p) and p.x_numel < 10**6 and not claims(v, p):
             return p
     return None
@@ -160,7 +165,7 @@ def test_unsupported_problem_raises_before_launch(v):
     if p is None:
         pytest.skip(f"{v.name} claims every edge problem")
     x, w = p.make_inputs(device="cuda")
-    y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
+    y = torch.full(p.output_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(UnsupportedProblem):
         run(v, p, x, w, out=y, poison=True)
     torch.cuda.synchronize()
@@ -177,8 +182,10 @@ def test_naive_refuses_even_filter_on_cuda_tensors():
 
 
 def _square(v):
-    for p in map(v.adapt, _candidates()):
-        if p.H == p.W and p.H > 1 and not is_big(p) and claims(v, p):
+    """A claimed problem whose first input is square (H == W for x, P == Q for dy)."""
+    for p in map(lambda q: v.adapt(q, op=True), _candidates()):
+        side = (p.H, p.W) if p.inputs[0] == "x" else (p.P, p.Q)
+        if side[0] == side[1] > 1 and not is_big(p) and claims(v, p):
             return p
     return None
 
@@ -189,18 +196,19 @@ def test_bad_cuda_tensors_refused(v):
     if p is None:
         pytest.skip(f"{v.name} claims no square problem")
     x, w = p.make_inputs(device="cuda")
-    y = torch.full(p.y_shape, 7.0, dtype=p.torch_dtype, device="cuda")
+    y = torch.full(p.output_shape, 7.0, dtype=p.torch_dtype, device="cuda")
     with pytest.raises(TypeError, match=f"must be {p.torch_dtype}"):
         run(v, p, x.double(), w, out=y)
     xt = x.transpose(2, 3) if p.layout == "NCHW" else x.transpose(1, 2)  # swap H and W (H == W)
     with pytest.raises(ValueError, match="not contiguous"):
         run(v, p, xt, w, out=y)
-    with pytest.raises(ValueError, match=r"w is on cpu.*w\.cuda\(\)"):
+    b, out = p.inputs[1], p.output
+    with pytest.raises(ValueError, match=rf"{b} is on cpu.*{b}\.cuda\(\)"):
         run(v, p, x, w.cpu(), out=y)
-    with pytest.raises(ValueError, match="y must be"):
+    with pytest.raises(ValueError, match=f"{out} must be"):
         run(v, p, x, w, out=torch.empty(1, device="cuda"))
-    with pytest.raises(ValueError, match="y must be"):
-        prepare(v, p, x, w, out=torch.empty(p.y_shape, dtype=torch.float64, device="cuda"))
+    with pytest.raises(ValueError, match=f"{out} must be"):
+        prepare(v, p, x, w, out=torch.empty(p.output_shape, dtype=torch.float64, device="cuda"))
     torch.cuda.synchronize()
     assert bool((y == 7.0).all())
 
@@ -214,7 +222,7 @@ def test_element_paths_take_misaligned_tensors(name, misaligned):
         pytest.skip(v.build_reason(gpu.device_info().cc))
     p = Conv2dProblem(N=2, C=12, H=9, W=8, K=20, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
     x, w = p.make_inputs(device="cuda", kind="int", seed=5)
-    y = misaligned(torch.zeros(p.y_shape, dtype=p.torch_dtype, device="cuda"))
+    y = misaligned(torch.zeros(p.output_shape, dtype=p.torch_dtype, device="cuda"))
     out = run(v, p, misaligned(x), misaligned(w), out=y)
     r = compare(p, x, w, out, exact=True)
     assert r["exact_equal"] and r["nonfinite"] == 0

@@ -1,4 +1,4 @@
-"""Day 14 (in progress): the backward pass. So far dgrad's mapping and wgrad's split-K, simulated in Python.
+"""Day 14's mappings simulated in Python: dgrad's filter phases and wgrad's split-K (the kernels follow them).
 
 dgrad computes dx = ∂L/∂x from dy and w (`helpers.problem`, op ``"dgrad"``). Per filter axis,
 with stride s, padding pad and dilation d, an input row h of dx collects

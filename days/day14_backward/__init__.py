@@ -1,0 +1,45 @@
+"""Day 14: the backward pass — ``dgrad`` and ``wgrad`` on tensor cores.
+
+* `model` — the mappings simulated in Python: dgrad's filter phases (`dgrad_phases`,
+  `dgrad_by_phases`, `dgrad_mac_counts`) and wgrad's split-K (`split_k_slices`, `wgrad_split_k`);
+* `dgrad` — the ``dgrad`` variant (``14_dgrad.cu``): day 13's kernel run once per filter phase
+  over dy, after a kernel that writes the phase filters;
+* `wgrad` — the ``wgrad`` (parallel split-K) and ``wgrad_serial`` (serial split-K) variants
+  (``14_wgrad.cu``): an implicit GEMM over N·P·Q whose fragments come from ``ldmatrix.trans``.
+
+Sources: NVIDIA CUTLASS, ``docs/implicit_gemm_convolution.md`` (dgrad and wgrad as implicit
+GEMMs; the strided dgrad iterators) and ``docs/efficient_gemm.md`` (parallelized reductions:
+split-K, serial and parallel); the PTX ISA (``ldmatrix`` with ``.trans``, ``ld.acquire`` /
+``st.release``); T. Granlund and P. Montgomery, "Division by invariant integers using
+multiplication" (PLDI 1994), for ``FastDiv``.
+"""
+
+from . import dgrad, model, wgrad
+from .dgrad import DGRAD, PhaseLaunch, choose_config, dgrad_iterator, dgrad_plan, phase_conv, phase_gemm_problem
+from .model import (
+    AxisPhase,
+    axis_phases,
+    dgrad_by_phases,
+    dgrad_mac_counts,
+    dgrad_phases,
+    split_k_slices,
+    wgrad_split_k,
+)
+from .wgrad import (
+    WGRAD,
+    WGRAD_SERIAL,
+    WgradConfig,
+    WgradTile,
+    choose_splits,
+    choose_wgrad,
+    fast_div,
+    fast_div_apply,
+    make_wgrad,
+)
+
+__all__ = [
+    "DGRAD", "WGRAD", "WGRAD_SERIAL", "AxisPhase", "PhaseLaunch", "WgradConfig", "WgradTile", "axis_phases",
+    "choose_config", "choose_splits", "choose_wgrad", "dgrad", "dgrad_by_phases", "dgrad_iterator",
+    "dgrad_mac_counts", "dgrad_phases", "dgrad_plan", "fast_div", "fast_div_apply", "make_wgrad", "model",
+    "phase_conv", "phase_gemm_problem", "split_k_slices", "wgrad", "wgrad_split_k",
+]  # fmt: skip

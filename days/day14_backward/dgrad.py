@@ -1,0 +1,309 @@
+"""Day 14's dgrad variant: day 13's kernel run once per filter phase (``14_dgrad.cu``).
+
+A run is one launch of ``dgrad_filter_phases`` (w -> the phase filters, in the workspace), then
+one launch per phase pair (φh, φw) that has dx rows: the fprop of `phase_conv` over dy with that
+phase's filter, its rows stored at dx pixels (n, φh + sh·i, φw + sw·j). `dgrad_plan` computes the
+phases and their arguments; the tile, iterator and swizzle come from day 13's rule applied to the
+GEMM of the largest phase (`phase_gemm_problem`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from helpers.compile import kernel_path
+from helpers.epilogue import PLAIN, Epilogue
+from helpers.problem import Conv2dProblem
+from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
+
+from ..day13_igemm_production import (
+    FEW_CHANNELS_MAX_C,
+    MAX_MASKED_TAPS,
+    ProductionConfig,
+    choose_swizzle,
+    choose_tile,
+)
+from ..kit import TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, tile_visits
+from .model import AxisPhase, dgrad_phases
+
+CU_FILE = "14_dgrad.cu"
+TRANSPOSE_TILE = 64  # dgrad_filter_phases: 64 x 64 slabs, blocks of 256 threads
+ZERO_THREADS, ZERO_MAX_BLOCKS = 256, 132 * 16  # dgrad_zero_phase's grid-stride loop
+
+
+@cache
+def instantiated() -> dict[str, tuple[str, ...]]:
+    """{tile name: iterators} of the ``DGRAD_ENTRY(...)`` lines of ``14_dgrad.cu``."""
+    out: dict[str, list[str]] = {}
+    pat = re.compile(r"^DGRAD_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
+    for bm, bn, bk, wm, wn, st, mb, it in pat.findall(kernel_path(CU_FILE).read_text()):
+        out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}_b{mb}", []).append(it)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def dgrad_iterator(p: Conv2dProblem) -> str:
+    """Day 13's iterator for the phases' GEMM-K = (jh, jw, k): ``optimized`` (16-byte copies of
+    dy's K channels) if K % 8 == 0 and R, S <= 16, ``few_channels`` if K <= 8, else ``analytic``."""
+    if p.K % 8 == 0 and max(p.R, p.S) <= MAX_MASKED_TAPS:
+        return "optimized"
+    return "few_channels" if p.K <= FEW_CHANNELS_MAX_C else "analytic"
+
+
+def phase_gemm_problem(p: Conv2dProblem) -> Conv2dProblem:
+    """An fprop problem with the GEMM-M and GEMM-N of dgrad's largest phase (φ = (0, 0)):
+    N·ceil(H/sh)·ceil(W/sw) pixels, C outputs, K channels, a 1x1 filter: what day 13's tile rule
+    and swizzle rule read."""
+    return Conv2dProblem(N=p.N, C=p.K, H=cdiv(p.H, p.stride[0]), W=cdiv(p.W, p.stride[1]), K=p.C, R=1, S=1,
+                         dtype=p.dtype, layout="NHWC")  # fmt: skip
+
+
+def choose_config(p: Conv2dProblem) -> ProductionConfig:
+    """Day 13's rule (`choose_tile`, `choose_swizzle`) on `phase_gemm_problem`, with `dgrad_iterator`."""
+    g, it = phase_gemm_problem(p), dgrad_iterator(p)
+    tile = choose_tile(g, it)
+    return ProductionConfig(tile, it, choose_swizzle(g, tile))
+
+
+@dataclass(frozen=True)
+class PhaseLaunch:
+    """One phase pair of a dgrad run: the axis phases, the fprop it is (Jh x Jw taps, padding
+    −o_min, dilation d' per axis), I x J output rows, and where its filter starts in the workspace
+    (elements)."""
+
+    rows: AxisPhase
+    cols: AxisPhase
+    pad: tuple[int, int]
+    dil: tuple[int, int]
+    filter_offset: int
+
+    @property
+    def taps(self) -> tuple[int, int]:
+        return len(self.rows.taps), len(self.cols.taps)
+
+    @property
+    def pixels(self) -> tuple[int, int]:
+        return self.rows.rows, self.cols.rows
+
+
+def phase_conv(a: AxisPhase, stride: int, dil: int) -> tuple[int, int]:
+    """(padding, dilation) of one axis phase as a unit-stride fprop over dy: the taps in order of
+    ascending dy offset o_min + j·d', d' = dil / gcd(stride, dil), padding −o_min. A phase without
+    taps gets (0, 1): it has no GEMM-K step."""
+    if not a.taps:
+        return 0, 1
+    return -min(a.offsets), dil // math.gcd(stride, dil)
+
+
+def dgrad_plan(p: Conv2dProblem) -> list[PhaseLaunch]:
+    """The phase pairs (φh, φw) of ``p`` that have dx rows, in row-major phase order, with their
+    fprop arguments and filter offsets: phase (φh, φw) starts after the filters of every earlier
+    pair, (Σ_{a<φh} Jh(a))·S·C·K + Jh(φh)·(Σ_{b<φw} Jw(b))·C·K elements, as the filter kernel
+    writes them (a phase without taps reads no filter: offset 0)."""
+    ph_h, ph_w = dgrad_phases(p)
+    out = []
+    before_h = 0
+    for a in ph_h:
+        before_w = 0
+        for b in ph_w:
+            if a.rows and b.rows:
+                (pad_h, dil_h), (pad_w, dil_w) = phase_conv(a, p.stride[0], p.dilation[0]), \
+                    phase_conv(b, p.stride[1], p.dilation[1])  # fmt: skip
+                off = (before_h * p.S + len(a.taps) * before_w) * p.C * p.K if a.taps and b.taps else 0
+                out.append(PhaseLaunch(a, b, (pad_h, pad_w), (dil_h, dil_w), off))
+            before_w += len(b.taps)
+        before_h += len(a.taps)
+    return out
+
+
+def filter_phases(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
+    """The phase filters as ``dgrad_filter_phases`` writes them, simulated: a flat tensor of
+    K·R·S·C elements where tap (r, s) of filter k, channel c sits at
+    base + c·(Jh·Jw·K) + (jh·Jw + jw)·K + k, with jh (jw) the tap's rank among its phase's taps by
+    ascending dy offset and base the phase's `dgrad_plan` offset.
+
+    Args:
+        w: (K, C, R, S) logical KCRS, any dtype (kept).
+    """
+    out = torch.zeros(p.K * p.R * p.S * p.C, dtype=w.dtype, device=w.device)
+    k, c = torch.arange(p.K, device=w.device), torch.arange(p.C, device=w.device)
+
+    def place(r: int, taps: int, stride: int, pad: int, dil: int) -> tuple[int, int, int, int]:
+        phase = lambda t: (t * dil - pad) % stride  # noqa: E731 - the kernel's tap_phase
+        same = [t for t in range(taps) if phase(t) == phase(r)]
+        return phase(r), sum(t > r for t in same), len(same), sum(phase(t) < phase(r) for t in range(taps))
+
+    for r in range(p.R):
+        _, rank_h, taps_h, before_h = place(r, p.R, p.stride[0], p.padding[0], p.dilation[0])
+        for s in range(p.S):
+            _, rank_w, taps_w, before_w = place(s, p.S, p.stride[1], p.padding[1], p.dilation[1])
+            base = (before_h * p.S + taps_h * before_w) * p.C * p.K
+            idx = base + c[:, None] * (taps_h * taps_w * p.K) + (rank_h * taps_w + rank_w) * p.K + k[None, :]
+            out[idx] = w[:, :, r, s].T
+    return out
+
+
+def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """dx from the launches' own arguments, in float64: `filter_phases`, then per `dgrad_plan`
+    entry the unit-stride fprop it launches (dy padded by the phase's padding, which may be
+    negative: a crop; dilation d'; the first I x J outputs) stored at rows φh + sh·i, columns
+    φw + sw·j. What the kernels compute, with the rounding left out.
+
+    Args:
+        dy: (N, K, P, Q) logical NCHW; w: (K, C, R, S) logical KCRS.
+
+    Returns:
+        dx, (N, C, H, W) float64.
+    """
+    wt = filter_phases(p, w.double())
+    dy64 = dy.double()
+    dx = torch.zeros((p.N, p.C, p.H, p.W), dtype=torch.float64, device=dy.device)
+    for ph in dgrad_plan(p):
+        (i, j), (jh, jw) = ph.pixels, ph.taps
+        if not (jh and jw):
+            continue  # a phase without taps writes zeros
+        filt = wt[ph.filter_offset : ph.filter_offset + p.C * jh * jw * p.K].reshape(p.C, jh, jw, p.K)
+        reach_h, reach_w = (jh - 1) * ph.dil[0], (jw - 1) * ph.dil[1]
+        src = F.pad(dy64, (ph.pad[1], j + reach_w, ph.pad[0], i + reach_h))  # right/bottom: zeros enough for I x J
+        out = F.conv2d(src, filt.permute(0, 3, 1, 2), dilation=ph.dil)[:, :, :i, :j]
+        dx[:, :, ph.rows.phase :: p.stride[0], ph.cols.phase :: p.stride[1]] = out
+    return dx
+
+
+def workspace_bytes(p: Conv2dProblem) -> int:
+    """The phase filters: every tap once, K·R·S·C elements of 2 bytes."""
+    return 2 * p.K * p.R * p.S * p.C
+
+
+def dgrad_reason(p: Conv2dProblem) -> str | None:
+    """None if the variant runs ``p``, else why not: groups, the instantiated tile, and the 32-bit
+    arithmetic of both kernels (the phase GEMM-K Jh·Jw·K walk, the I·J and P·Q pixel indices,
+    the dy rows a phase reaches)."""
+    if p.groups != 1:
+        return f"needs groups = 1; got {p.groups}"
+    cfg = choose_config(p)
+    if cfg.iterator not in instantiated().get(cfg.tile.name, ()):
+        return f"{CU_FILE} has no entry for tile {cfg.tile.name} with the {cfg.iterator} iterator"
+    if p.K * p.R * p.S + 2 * cfg.tile.bk > INT32_MAX:
+        return f"GEMM-K = K*R*S = {p.K * p.R * p.S} plus two BK steps does not fit the kernel's 32-bit walk"
+    if p.P * p.Q > INT32_MAX:
+        return f"P*Q = {p.P * p.Q} dy pixels per image do not fit the kernel's 32-bit pixel index"
+    for ph in dgrad_plan(p):
+        i, j = ph.pixels
+        if i * j > INT32_MAX:
+            return f"a phase's I*J = {i * j} dx pixels per image do not fit the kernel's 32-bit pixel index"
+        for n_out, taps, pad, dil, size in ((i, ph.taps[0], ph.pad[0], ph.dil[0], p.P),
+                                            (j, ph.taps[1], ph.pad[1], ph.dil[1], p.Q)):  # fmt: skip
+            if n_out + max(taps - 1, 0) * dil + abs(pad) + size > INT32_MAX:
+                return "a phase's dy reach (rows + filter reach + padding + size) does not fit 32-bit offsets"
+    return None
+
+
+def zero_items(p: Conv2dProblem, ph: PhaseLaunch) -> tuple[int, int]:
+    """(items, elements per item) of ``dgrad_zero_phase`` on a phase without taps: 16-byte runs
+    of 8 channels when C % 8 == 0, else single elements, for each of its N·I·J pixels."""
+    per = 8 if p.C % 8 == 0 else 1
+    i, j = ph.pixels
+    return p.N * i * j * (p.C // per), per
+
+
+def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
+    """``filter`` (dgrad_filter_phases on w -> workspace), then per `dgrad_plan` entry
+    ``phase_<φh>_<φw>``: day 13's kernel on dy, the phase filter (``Buffer("workspace", offset)``)
+    and dx (``dgrad_unit_*`` with unit stride: day 13's dense rows), or for a phase without taps
+    ``zero_<φh>_<φw>``: ``dgrad_zero_phase``, its pixels set to 0."""
+    cfg = choose_config(p)
+    t, i32 = cfg.tile, np.int32
+    filt = LaunchConfig(grid=(cdiv(p.C, TRANSPOSE_TILE), cdiv(p.K, TRANSPOSE_TILE), p.R * p.S),
+                        block=(256, 1, 1))  # fmt: skip
+    out = [KernelLaunch("filter", f"dgrad_filter_phases_{p.dtype}", filt,
+                        (Buffer("w"), Buffer("workspace"), *map(i32, (p.K, p.C, p.R, p.S, *p.stride, *p.padding,
+                                                                       *p.dilation))))]  # fmt: skip
+    unit = "unit_" if p.stride == (1, 1) else ""
+    entry = f"dgrad_{unit}{t.name}_{cfg.iterator}_{p.dtype}"
+    for ph in dgrad_plan(p):
+        i, j = ph.pixels
+        where = f"{ph.rows.phase}_{ph.cols.phase}"
+        if not all(ph.taps):
+            items, _ = zero_items(p, ph)
+            blocks = min(cdiv(items, ZERO_THREADS), ZERO_MAX_BLOCKS)
+            zero = LaunchConfig(grid=(blocks, 1, 1), block=(ZERO_THREADS, 1, 1))
+            out.append(KernelLaunch(f"zero_{where}", "dgrad_zero_phase", zero, (Buffer("dx"), *map(i32, (
+                p.N, p.H, p.W, p.C, i, j, *p.stride, ph.rows.phase, ph.cols.phase)))))  # fmt: skip
+            continue
+        m_tiles, n_tiles = cdiv(p.N * i * j, t.bm), cdiv(p.C, t.bn)
+        lg = cfg.swizzle
+        launch = LaunchConfig(grid=(m_tiles << lg, cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
+                              shared_bytes=t.shared_bytes)  # fmt: skip
+        args = (Buffer("dy"), Buffer("workspace", 2 * ph.filter_offset), Buffer("dx"),
+                *map(i32, (p.N, p.K, p.P, p.Q, p.C, *ph.taps, i, j, *ph.pad, *ph.dil, p.H, p.W, *p.stride,
+                           ph.rows.phase, ph.cols.phase, lg)))  # fmt: skip
+        out.append(KernelLaunch(f"phase_{where}", entry, launch, args))
+    return out
+
+
+def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
+    """Writes per dx element (NHWC, flat) of every phase launch together: phase (φh, φw) writes
+    its GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C), or without taps its
+    grid-stride loop's runs (`grid_stride_items`), at dx pixels
+    (n, φh + sh·i, φw + sw·j). ``launch`` is the last phase's configuration (the one
+    `helpers.variants.Variant.with_output_launch` may change); the others come from `dgrad_launches`."""
+    cfg = choose_config(p)
+    t = cfg.tile
+    counts = np.zeros((p.N, p.H, p.W, p.C), dtype=np.int64)
+    configs = {k.name: k.config for k in dgrad_launches(p, PLAIN)}
+    configs[list(configs)[-1]] = launch
+    for ph in dgrad_plan(p):
+        i, j = ph.pixels
+        m = p.N * i * j
+        where = f"{ph.rows.phase}_{ph.cols.phase}"
+        if not all(ph.taps):  # dgrad_zero_phase: a grid-stride loop over runs (or elements)
+            items, per = zero_items(p, ph)
+            cfg_z = configs[f"zero_{where}"]
+            hits = np.bincount(grid_stride_items(items, cfg_z.blocks * cfg_z.threads_per_block), minlength=items)
+            w = hits.repeat(per).reshape(p.N, i, j, p.C)
+        else:
+            visits = tile_visits(configs[f"phase_{where}"].grid, cdiv(m, t.bm), cdiv(p.C, t.bn), cfg.swizzle)
+            w = gemm_writes(m, p.C, t.bm, t.bn, visits).reshape(p.N, i, j, p.C)
+        counts[:, ph.rows.phase :: p.stride[0], ph.cols.phase :: p.stride[1], :] += w
+    return counts.ravel()
+
+
+def dgrad_tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
+    """dy 16-byte aligned for the optimized iterator's cp.async copies; dx 16-byte aligned when
+    C % 8 == 0 (16-byte stores). w is read element by element (the filter kernel). None or the reason."""
+    need = {"dy": VEC_BYTES} if choose_config(p).iterator == "optimized" else {}
+    reason = alignment_reason(tensors, need, "the 16-byte cp.async copies")
+    if reason is None and p.C % 8 == 0:
+        reason = alignment_reason(tensors, {"dx": VEC_BYTES}, "the epilogue's 16-byte stores")
+    return reason
+
+
+DGRAD = register(
+    Variant(
+        name="dgrad",
+        day=14,
+        cu_file=CU_FILE,
+        summary="dgrad: day 13's kernel once per filter phase over dy, the phase filters transposed first",
+        supports_fn=dgrad_reason,
+        launches_fn=dgrad_launches,
+        covers_fn=dgrad_covers,
+        op="dgrad",
+        dtypes=("fp16", "bf16"),
+        layouts=("NHWC",),
+        accum="fp32",
+        workspace_fn=workspace_bytes,
+        tensor_check_fn=dgrad_tensor_check,
+        min_cc=TENSOR_CORE_CC,
+        min_cc_why="day 13's cp.async, mma.sync m16n8k16 with bf16, ldmatrix",
+    )
+)
+
+__all__ = ["CU_FILE", "DGRAD", "PhaseLaunch", "choose_config", "dgrad_iterator", "dgrad_plan", "filter_phases",
+           "instantiated", "phase_conv", "phase_gemm_problem", "simulate", "workspace_bytes"]  # fmt: skip

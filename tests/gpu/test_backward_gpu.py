@@ -1,0 +1,147 @@
+"""Day 14 on a real GPU: dgrad and wgrad against the float64 reference on the shapes that break
+backward kernels, split-K's determinism (serial and parallel bitwise equal, every split factor),
+NaN-poisoned workspaces, and planted faults that the checks must catch.
+
+The generic tests (tests/gpu/test_correctness.py) also run both operations over the edge, quick
+and depthwise suites; these add what is particular to the backward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from days.day14_backward import make_wgrad
+from helpers import gpu
+from helpers.check import bitwise_equal, check, compare
+from helpers.problem import Conv2dProblem
+from helpers.variants import get, prepare, run
+
+pytestmark = pytest.mark.gpu
+
+NHWC = dict(dtype="fp16", layout="NHWC")
+# The issue's edge cases, each as a dgrad and a wgrad problem (fp16 NHWC; C, K multiples of 8 so
+# that wgrad claims them too).
+EDGES = {
+    "stride 3 > 1x1 filter (dx rows no tap reaches)": dict(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),
+    "stride 3 > 2x2 filter": dict(N=2, C=8, H=11, W=13, K=16, R=2, S=2, stride=3, padding=1),
+    "odd H, W with stride 2": dict(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1),
+    "even H, W with stride 2": dict(N=2, C=24, H=14, W=12, K=16, R=3, S=3, stride=2, padding=1),
+    "padding >= R/2": dict(N=1, C=16, H=9, W=10, K=16, R=3, S=3, padding=2),
+    "padding past the dilated filter": dict(N=1, C=8, H=7, W=6, K=8, R=3, S=2, padding=(3, 2)),
+    "dilation (1, 2)": dict(N=2, C=16, H=12, W=15, K=8, R=3, S=3, padding=(1, 2), dilation=(1, 2)),
+    "dilation (2, 1), stride (2, 1)": dict(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1,
+                                          dilation=(2, 1)),
+    "C, K past the tiles": dict(N=2, C=136, H=9, W=9, K=200, R=3, S=3, padding=1),
+    "7x7 stride 2 (the stem)": dict(N=2, C=8, H=32, W=30, K=64, R=7, S=7, stride=2, padding=3),
+    "strided 1x1, ResNet-style": dict(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),
+    "even filter 4x2, stride (1, 2)": dict(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0)),
+}
+BACKWARD = ["dgrad", "wgrad", "wgrad_serial"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def context():
+    return gpu.init()
+
+
+def within_bound(p: Conv2dProblem, a, b, out) -> bool:
+    """No NaN/Inf and every element inside the float64 reference's rounding bound."""
+    d = compare(p, a, b, out)
+    return d["nonfinite"] == 0 and d["worst_err_over_bound"] <= 1
+
+
+def problem(name: str, op: str, **over) -> Conv2dProblem:
+    return Conv2dProblem(**{**EDGES[name], **NHWC, **over}, op=op)
+
+
+@pytest.mark.parametrize("kind", ["normal", "int"])
+@pytest.mark.parametrize("edge", list(EDGES))
+@pytest.mark.parametrize("name", BACKWARD)
+def test_backward_edges(name: str, edge: str, kind: str):
+    v = get(name)
+    p = problem(edge, v.op)
+    assert v.supports(p) is None, v.supports(p)
+    r = check(v, p, kind=kind)
+    assert r.ok and r.repeat_bitwise and r.nonfinite == 0, f"{name} on {p.name} ({kind}): {r.reason}"
+    if kind == "int":
+        assert r.exact, f"{name} on {p.name}: integer inputs but not bit-exact"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_dgrad_with_channels_not_a_multiple_of_8(dtype: str):
+    """K % 8 != 0: the phases take day 13's analytic or few-channels iterator; C % 8 != 0: element stores."""
+    for over in (dict(K=5, C=3), dict(K=13, C=21), dict(K=24, C=7)):
+        p = Conv2dProblem(N=2, H=11, W=9, R=3, S=3, stride=2, padding=1, dtype=dtype, layout="NHWC", op="dgrad", **over)
+        r = check("dgrad", p, kind="int")
+        assert r.ok and r.exact, f"{p.name}: {r.reason}"
+
+
+def test_wgrad_refuses_channels_not_a_multiple_of_8():
+    p = Conv2dProblem(N=2, C=3, H=16, W=16, K=64, R=7, S=7, stride=2, padding=3, op="wgrad", **NHWC)
+    assert "C % 8 == 0" in get("wgrad").supports(p)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 32])
+def test_serial_and_parallel_split_k_are_bitwise_equal(splits: int):
+    """Both modes add the same fp32 slice partials in slice order: the same bits, run after run."""
+    p = Conv2dProblem(N=4, C=32, H=20, W=20, K=64, R=3, S=3, padding=1, op="wgrad", **NHWC)
+    x, dy = p.make_inputs(device="cuda", seed=5)
+    par = run(make_wgrad("wgrad_par", "parallel", splits=splits), p, x, dy).clone()
+    ser = make_wgrad("wgrad_ser", "serial", splits=splits)
+    for _ in range(3):
+        assert bitwise_equal(run(ser, p, x, dy), par), f"splits {splits}: serial differs from parallel"
+    assert within_bound(p, x, dy, par)
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_nan_poisoned_workspace_is_never_read_before_written(name: str):
+    v = get(name) if name == "dgrad" else make_wgrad(name, "serial" if name == "wgrad_serial" else "parallel", splits=4)
+    p = Conv2dProblem(N=8, C=64, H=14, W=14, K=64, R=3, S=3, stride=2, padding=1, op=v.op, **NHWC)
+    a, b = p.make_inputs(device="cuda", seed=2)
+    clean = run(v, p, a, b).clone()
+    plan, out = prepare(v, p, a, b)
+    assert plan.workspace is not None
+    plan.workspace.fill_(255)  # 0xFFFFFFFF: NaN as fp32 partials, -1 as semaphores, NaN halves
+    out.fill_(float("nan"))
+    plan()
+    torch.cuda.synchronize()
+    assert bitwise_equal(out, clean), f"{name}: a NaN-poisoned workspace changed the result"
+
+
+def test_wgrad_long_reduction_at_n256_within_the_bound():
+    """GEMM-K = 256 * 56 * 56 = 802,816 terms (ResNet-50's first 3x3 layer at N = 256), fp32
+    partials: inside the bound for every split factor tried."""
+    p = Conv2dProblem(N=256, C=64, H=56, W=56, K=64, R=3, S=3, padding=1, op="wgrad", **NHWC)
+    x, dy = p.make_inputs(device="cuda", seed=1)
+    for splits in (1, 16, 128):
+        out = run(make_wgrad("w", "parallel", splits=splits), p, x, dy)
+        d = compare(p, x, dy, out)
+        assert d["nonfinite"] == 0 and d["worst_err_over_bound"] <= 1, f"splits {splits}: {d}"
+
+
+def test_dropped_slice_is_caught():
+    """A planted fault: the reduction sums one slice fewer (as if a slice's partial were lost).
+    The check must fail."""
+    v = make_wgrad("w", "parallel", splits=4)
+    p = Conv2dProblem(N=4, C=16, H=12, W=12, K=16, R=3, S=3, padding=1, op="wgrad", **NHWC)
+    short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
+        dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
+        for k in v.launches_fn(q, ep)])  # fmt: skip
+    x, dy = p.make_inputs(device="cuda", seed=4)
+    assert within_bound(p, x, dy, run(v, p, x, dy))
+    assert not within_bound(p, x, dy, run(short, p, x, dy))
+
+
+def test_dropped_phase_is_caught():
+    """A planted fault: one phase of a strided dgrad is not launched; its dx rows stay NaN and
+    the check must fail (and name the NaNs)."""
+    v = get("dgrad")
+    p = problem("odd H, W with stride 2", "dgrad")
+    dropped = dataclasses.replace(v, name="dgrad_dropped_phase",
+                                  launches_fn=lambda q, ep: [k for k in v.launches_fn(q, ep) if k.name != "phase_1_0"])
+    dy, w = p.make_inputs(device="cuda", seed=4)
+    d = compare(p, dy, w, run(dropped, p, dy, w))
+    assert d["nonfinite"] > 0 and not within_bound(p, dy, w, run(dropped, p, dy, w))
