@@ -87,7 +87,7 @@ def test_default_variants_follow_dtype_and_layout():
     from benchmarks.__main__ import default_variants, parse_args
     from helpers.variants import all_variants
 
-    assert default_variants(parse_args([])) == all_variants()
+    assert default_variants(parse_args([])) == [v for v in all_variants() if v.op == "fprop"]
     nhwc = {v.name for v in default_variants(parse_args(["--layout", "NHWC"]))}
     assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic"}
     fp16 = {v.name for v in default_variants(parse_args(["--dtype", "fp16", "--layout", "NHWC"]))}
@@ -223,7 +223,8 @@ def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 
     assert parse_args([]).op == "fprop"
-    assert default_variants(parse_args(["--op", "dgrad"])) == []  # no backward kernels yet: cuDNN baselines only
+    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad"]
+    assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == ["wgrad", "wgrad_serial"]
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
     with pytest.raises(SystemExit):
         parse_args(["--op", "backward"])
