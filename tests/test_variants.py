@@ -222,23 +222,26 @@ def test_bad_tensors_refused_on_cpu(v, call, no_gpu):
 
 
 def aligned_x_problem(v, misaligned) -> Conv2dProblem | None:
-    """A problem ``v`` supports on which its tensor check refuses an x 2 bytes off alignment, or None."""
+    """A problem ``v`` supports on which its tensor check refuses a first input (x; dy for dgrad)
+    2 bytes off alignment, or None."""
     for p in map(lambda q: v.adapt(q, op=True), quick() + edge() + random_problems()):
         if is_big(p) or v.supports(p) is not None:
             continue
-        off = misaligned(torch.zeros(p.x_shape, dtype=p.torch_dtype))
-        if v.tensor_check_fn(p, {"x": off, "w": None, "y": None}, PLAIN) is not None:
+        a, b = p.inputs
+        off = misaligned(torch.zeros(p.tensor_shape(a), dtype=p.torch_dtype))
+        if v.tensor_check_fn(p, {a: off, b: None, p.output: None}, PLAIN) is not None:
             return p
     return None
 
 
 @pytest.mark.parametrize("v", [v for v in VARIANTS if v.tensor_check_fn], ids=lambda v: v.name)
 def test_misaligned_x_refused_before_the_gpu(v, misaligned, monkeypatch):
-    """Where a variant needs x aligned (its 16-byte loads or copies), `prepare` refuses a misaligned
-    x, naming it, right after the tensor checks and before any GPU call."""
+    """Where a variant needs its first input (x; dy for dgrad) aligned (its 16-byte loads or
+    copies), `prepare` refuses a misaligned one, naming it, right after the tensor checks and
+    before any GPU call."""
     p = aligned_x_problem(v, misaligned)
     if p is None:
-        pytest.skip(f"{v.name} needs no alignment of x on the edge/random problems it supports")
+        pytest.skip(f"{v.name} needs no alignment of its first input on the edge/random problems it supports")
     x, w = p.make_inputs()
     monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
 
@@ -247,7 +250,7 @@ def test_misaligned_x_refused_before_the_gpu(v, misaligned, monkeypatch):
 
     monkeypatch.setattr(gpu, "device_info", touched)
     monkeypatch.setattr(gpu, "has_gpu", lambda: False)  # `supports` without a limit asks no device either
-    with pytest.raises(ValueError, match=rf"{v.name}: x\.data_ptr\(\) is not 16-byte aligned"):
+    with pytest.raises(ValueError, match=rf"{v.name}: {p.inputs[0]}\.data_ptr\(\) is not 16-byte aligned"):
         prepare(v, p, misaligned(x), w)
 
 
@@ -459,3 +462,16 @@ def test_copies_keep_a_fixed_entry():
     assert capped.entry == v.entry == "conv2d_naive"
     with pytest.raises(AttributeError, match="per problem"):
         _ = get("blocked").with_output_launch(lambda cfg: cfg, name="b").entry
+
+
+def test_bind_refuses_a_buffer_offset_outside_its_tensor():
+    """A `Buffer` offset (e.g. one phase's filter in dgrad's workspace) must point inside the tensor."""
+    from helpers.variants import KernelLaunch, LaunchConfig, bind
+
+    ws = torch.empty(64, dtype=torch.uint8)
+    k = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", 16),))
+    assert "main" in bind([(k, lambda *a, **kw: None)], {"workspace": ws})
+    for off in (64, 1000):
+        bad = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", off),))
+        with pytest.raises(ValueError, match="outside the tensor"):
+            bind([(bad, lambda *a, **kw: None)], {"workspace": ws})

@@ -40,12 +40,21 @@ from .rule import (
     choose_tile,
     iterator_reason,
 )
-from .tiles import CU_FILE, INSTANTIATED, INSTRUCTION, MAX_SMEM_PER_BLOCK, TILES, TileDescription, tiles_for
+from .tiles import (
+    CU_FILE,
+    INSTANTIATED,
+    INSTRUCTION,
+    MAX_SMEM_PER_BLOCK,
+    TILES,
+    TileDescription,
+    read_entries,
+    tiles_for,
+)
 from .variant import config_reason, covers, int32_walk_reason, make_production, production_launches, tensor_check
 
 __all__ = [
     "CU_FILE", "FEW_CHANNELS_MAX_C", "INSTANTIATED", "INSTRUCTION", "ITERATORS", "MAX_MASKED_TAPS",
     "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "ProductionConfig", "TileDescription", "blocks", "choose",
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
-    "iterator_reason", "make_production", "production_launches", "tensor_check", "tiles_for",
+    "iterator_reason", "make_production", "production_launches", "read_entries", "tensor_check", "tiles_for",
 ]  # fmt: skip

@@ -151,16 +151,18 @@ class TileDescription:
         return None
 
 
-def _instantiated() -> dict[str, tuple[str, ...]]:
-    """{tile name: iterators} from the ``PIPE_ENTRY(...)`` lines of the ``.cu`` file (the one list)."""
+def read_entries(cu_file: str = CU_FILE, macro: str = "PIPE_ENTRY") -> dict[str, tuple[str, ...]]:
+    """{tile name: iterators} from the ``<macro>(BM, BN, BK, WGM, WGN, STAGES, MINB, ITER, name)``
+    lines of ``cu_file`` (the one list of what is compiled; day 14's dgrad reads its ``DGRAD_ENTRY``
+    lines with it)."""
     out: dict[str, list[str]] = {}
-    pat = re.compile(r"^PIPE_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
-    for bm, bn, bk, wm, wn, st, mb, it in pat.findall(kernel_path(CU_FILE).read_text()):
+    pat = re.compile(rf"^{macro}\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
+    for bm, bn, bk, wm, wn, st, mb, it in pat.findall(kernel_path(cu_file).read_text()):
         out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}_b{mb}", []).append(it)
     return {k: tuple(v) for k, v in out.items()}
 
 
-INSTANTIATED = _instantiated()
+INSTANTIATED = read_entries()
 TILES = tuple(INSTANTIATED)
 
 

@@ -10,7 +10,6 @@ GEMM of the largest phase (`phase_gemm_problem`).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -18,7 +17,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from helpers.compile import kernel_path
 from helpers.epilogue import PLAIN, Epilogue
 from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
@@ -29,6 +27,7 @@ from ..day13_igemm_production import (
     ProductionConfig,
     choose_swizzle,
     choose_tile,
+    read_entries,
 )
 from ..kit import TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, tile_visits
 from .model import AxisPhase, dgrad_phases
@@ -40,12 +39,8 @@ ZERO_THREADS, ZERO_MAX_BLOCKS = 256, 132 * 16  # dgrad_zero_phase's grid-stride 
 
 @cache
 def instantiated() -> dict[str, tuple[str, ...]]:
-    """{tile name: iterators} of the ``DGRAD_ENTRY(...)`` lines of ``14_dgrad.cu``."""
-    out: dict[str, list[str]] = {}
-    pat = re.compile(r"^DGRAD_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \w+, (\w+)\)", re.M)
-    for bm, bn, bk, wm, wn, st, mb, it in pat.findall(kernel_path(CU_FILE).read_text()):
-        out.setdefault(f"{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}_b{mb}", []).append(it)
-    return {k: tuple(v) for k, v in out.items()}
+    """{tile name: iterators} of the ``DGRAD_ENTRY(...)`` lines of ``14_dgrad.cu`` (day 13's reader)."""
+    return read_entries(CU_FILE, "DGRAD_ENTRY")
 
 
 def dgrad_iterator(p: Conv2dProblem) -> str:

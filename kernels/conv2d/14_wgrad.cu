@@ -86,12 +86,6 @@ __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-template <bool BF16>
-__device__ __forceinline__ float to_float(u16 v) {
-    if constexpr (BF16) return __bfloat162float(__ushort_as_bfloat16(v));
-    else return __half2float(__ushort_as_half(v));
-}
-
 template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MODE, bool BF16>
 __device__ __forceinline__ void wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, u16* __restrict__ dw,
                                       float* __restrict__ partial, int* __restrict__ sems, const WConv cv) {
