@@ -253,3 +253,17 @@ def test_wgrad_refusals():
         d14.make_wgrad("w", mode="atomic")
     with pytest.raises(ValueError, match="splits"):
         d14.make_wgrad("w", splits=0)
+
+
+# ---- the kernels in a model --------------------------------------------------------------------
+
+
+def test_conv2d_refuses_bad_input_before_any_launch():
+    x = torch.zeros(2, 16, 8, 8, dtype=torch.float16).to(memory_format=torch.channels_last)
+    w = torch.zeros(16, 16, 3, 3, dtype=torch.float16).to(memory_format=torch.channels_last)
+    with pytest.raises(TypeError, match="fp16 or bf16"):
+        d14.train.conv2d(x.float(), w.float(), padding=1)
+    with pytest.raises(ValueError, match="input channels"):
+        d14.train.conv2d(x, w[:, :8], padding=1)
+    with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
+        d14.train.conv2d(x, w, padding=1)

@@ -29,12 +29,12 @@ from ..day13_igemm_production import (
     choose_tile,
     read_entries,
 )
-from ..kit import TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, tile_visits
+from ..kit import TENSOR_CORE_CC, VEC_BYTES, alignment_reason, cdiv, gemm_writes, tile_visits
 from .model import AxisPhase, dgrad_phases
 
 CU_FILE = "14_dgrad.cu"
 TRANSPOSE_TILE = 64  # dgrad_filter_phases: 64 x 64 slabs, blocks of 256 threads
-ZERO_THREADS, ZERO_MAX_BLOCKS = 256, 132 * 16  # dgrad_zero_phase's grid-stride loop
+ZERO_THREADS = 256  # dgrad_zero_phase: threads per block along a dx row
 
 
 @cache
@@ -200,12 +200,13 @@ def dgrad_reason(p: Conv2dProblem) -> str | None:
     return None
 
 
-def zero_items(p: Conv2dProblem, ph: PhaseLaunch) -> tuple[int, int]:
-    """(items, elements per item) of ``dgrad_zero_phase`` on a phase without taps: 16-byte runs
-    of 8 channels when C % 8 == 0, else single elements, for each of its N·I·J pixels."""
+def zero_launch(p: Conv2dProblem, ph: PhaseLaunch) -> tuple[LaunchConfig, int]:
+    """(launch, elements per run) of ``dgrad_zero_phase`` on a phase without taps: grid x one
+    block per dx row (n, i) of the phase, grid y and ``ZERO_THREADS`` threads over its J pixels'
+    runs of 8 channels (C % 8 == 0, else single elements)."""
     per = 8 if p.C % 8 == 0 else 1
     i, j = ph.pixels
-    return p.N * i * j * (p.C // per), per
+    return LaunchConfig(grid=(p.N * i, cdiv(j * (p.C // per), ZERO_THREADS), 1), block=(ZERO_THREADS, 1, 1)), per
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
@@ -226,9 +227,7 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
         i, j = ph.pixels
         where = f"{ph.rows.phase}_{ph.cols.phase}"
         if not all(ph.taps):
-            items, _ = zero_items(p, ph)
-            blocks = min(cdiv(items, ZERO_THREADS), ZERO_MAX_BLOCKS)
-            zero = LaunchConfig(grid=(blocks, 1, 1), block=(ZERO_THREADS, 1, 1))
+            zero, _ = zero_launch(p, ph)
             out.append(KernelLaunch(f"zero_{where}", "dgrad_zero_phase", zero, (Buffer("dx"), *map(i32, (
                 p.N, p.H, p.W, p.C, i, j, *p.stride, ph.rows.phase, ph.cols.phase)))))  # fmt: skip
             continue
@@ -245,8 +244,8 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
 
 def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
     """Writes per dx element (NHWC, flat) of every phase launch together: phase (φh, φw) writes
-    its GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C), or without taps its
-    grid-stride loop's runs (`grid_stride_items`), at dx pixels
+    its GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C), or without taps the
+    rows and runs its zero-fill grid reaches, at dx pixels
     (n, φh + sh·i, φw + sw·j). ``launch`` is the last phase's configuration (the one
     `helpers.variants.Variant.with_output_launch` may change); the others come from `dgrad_launches`."""
     cfg = choose_config(p)
@@ -258,11 +257,12 @@ def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
         i, j = ph.pixels
         m = p.N * i * j
         where = f"{ph.rows.phase}_{ph.cols.phase}"
-        if not all(ph.taps):  # dgrad_zero_phase: a grid-stride loop over runs (or elements)
-            items, per = zero_items(p, ph)
-            cfg_z = configs[f"zero_{where}"]
-            hits = np.bincount(grid_stride_items(items, cfg_z.blocks * cfg_z.threads_per_block), minlength=items)
-            w = hits.repeat(per).reshape(p.N, i, j, p.C)
+        if not all(ph.taps):  # dgrad_zero_phase: block x = dx row (n, i), (block y, thread) = run of the row
+            _, per = zero_launch(p, ph)
+            gx, gy, _ = configs[f"zero_{where}"].grid
+            row_hit = np.arange(p.N * i) < gx
+            run_hit = np.arange(j * (p.C // per)) < gy * ZERO_THREADS
+            w = (row_hit[:, None] & run_hit[None, :]).astype(np.int64).repeat(per, axis=1).reshape(p.N, i, j, p.C)
         else:
             visits = tile_visits(configs[f"phase_{where}"].grid, cdiv(m, t.bm), cdiv(p.C, t.bn), cfg.swizzle)
             w = gemm_writes(m, p.C, t.bm, t.bn, visits).reshape(p.N, i, j, p.C)

@@ -26,17 +26,22 @@ from .model import split_k_slices
 
 CU_FILE = "14_wgrad.cu"
 MODES = ("parallel", "serial")
-# The split rule (`choose_splits`), fitted by hand to a sweep of split factors 1..256 on four
-# ResNet-50 layers on the H200 (132 SMs; day 14's notebook plots two of them). Per tile, the
-# blocks that fill the GPU best: 64 x 64 (80 registers) about 4 per SM, 128 x 128 (216) 2 per SM;
-# and the partials cost: each slice writes and the reduction reads K·C·R·S fp32 values, about
-# 3 TB/s, against the main loop's ~200 TFLOP/s, and the rule spends at most a quarter of the
-# main loop's time on them. No slice gets fewer than 8 steps of 32 pixels.
-TARGET_BLOCKS = {"64x64x32_w2x2_s4": 528, "128x128x32_w2x2_s4": 264}
+# The rule (`choose_tile`, `choose_splits`), fitted by hand on the H200 (132 SMs) to a sweep of
+# six tiles x split factors (1, half, 1x, 2x and 4x the rule's) over the 38 ResNet-50 layers,
+# after a first sweep of splits 1..256 on four layers. The tiles: 64 x 64 x 64 for K <= 64 (a
+# taller tile would be half empty; 3 stages, 48 KB, which every GPU allows without opt-in);
+# 128 x 128 where the layer has the work to feed it (at least BIG_TILE_MIN_FLOPS: the N = 256
+# layers); 128 x 64 otherwise. The splits: the blocks that fill the GPU best (64 x 64 x 32, 80
+# registers: about 4 per SM; the others about 2), capped where the partials (each slice writes
+# and the reduction reads K·C·R·S fp32 values, about 3 TB/s) would cost more than a quarter of
+# the main loop (~200 TFLOP/s), and no slice under 8 steps.
+TARGET_BLOCKS = {"64x64x32_w2x2_s4": 528, "64x64x64_w2x2_s4": 264, "64x64x64_w2x2_s3": 264,
+                 "128x64x32_w2x2_s4": 264, "128x128x32_w2x2_s4": 264, "128x128x32_w2x4_s4": 264,
+                 "128x128x64_w2x2_s3": 264}  # fmt: skip
+BIG_TILE_MIN_FLOPS = 10e9
 MAIN_LOOP_FLOPS = 200e12  # the main loop's rate, FLOP/s (measured: 150-190 TFLOP/s at one slice)
 PARTIAL_BYTES_PER_S = 3e12
 PARTIAL_SHARE = 0.25
-BIG_TILE_MIN_TILES = 100  # 128 x 128 once it makes this many output tiles
 MIN_SLICE_STEPS = 8
 REDUCE_THREADS, REDUCE_BLOCKS = 256, 1056  # the reduction's grid-stride loop: 8 blocks per SM
 
@@ -110,11 +115,11 @@ class WgradConfig:
 
 
 def choose_tile(p: Conv2dProblem) -> WgradTile:
-    """128x128 if it makes at least `BIG_TILE_MIN_TILES` output tiles (K·C·R·S large), else 64x64
-    (more, smaller blocks: a long reduction over few outputs is split more finely)."""
-    big = tiles()["128x128x32_w2x2_s4"]
-    n_big = cdiv(p.K, big.bm) * cdiv(p.C * p.R * p.S, big.bn)
-    return big if n_big >= BIG_TILE_MIN_TILES else tiles()["64x64x32_w2x2_s4"]
+    """64x64x64 (3 stages) for K <= 64; 128x128x32 for a layer of at least `BIG_TILE_MIN_FLOPS`;
+    else 128x64x32 (48 KB: what every GPU allows without opt-in)."""
+    if p.K <= 64:
+        return tiles()["64x64x64_w2x2_s3"]
+    return tiles()["128x128x32_w2x2_s4" if p.flops >= BIG_TILE_MIN_FLOPS else "128x64x32_w2x2_s4"]
 
 
 def choose_splits(p: Conv2dProblem, tile: WgradTile) -> int:
@@ -126,7 +131,7 @@ def choose_splits(p: Conv2dProblem, tile: WgradTile) -> int:
     steps = cdiv(p.N * p.P * p.Q, tile.bk)
     per_split_s = p.K * p.C * p.R * p.S * 8 / PARTIAL_BYTES_PER_S
     traffic_cap = int(PARTIAL_SHARE * (p.flops / MAIN_LOOP_FLOPS) / per_split_s)
-    target = round(TARGET_BLOCKS.get(tile.name, 264) / n_tiles)
+    target = round(TARGET_BLOCKS[tile.name] / n_tiles)
     return max(1, min(target, traffic_cap, steps // MIN_SLICE_STEPS))
 
 

@@ -133,22 +133,20 @@ struct PhaseRows {
 };
 
 // Phases without taps: their dx pixels (n, fh + sh*i, fw + sw*j), i < I, j < J, are exact zeros.
-// A grid-stride loop over the 16-byte runs of C channels (C % 8 == 0) or over the elements.
+// Grid (N * I, ceil(J * runs / 256)): block x is the dx row (n, fh + sh*i); blocks y and threads walk
+// that row's J pixels of `runs` 16-byte runs (C % 8 == 0) or elements, with 32-bit index math
+// (J * runs < 2^31 and N * I < 2^31: Python checks the grid), so the stores run at bandwidth.
 extern "C" __global__ void dgrad_zero_phase(u16* __restrict__ dx, int N, int H, int W, int C, int I, int J, int sh,
                                             int sw, int fh, int fw) {
     const bool vec = C % 8 == 0;
-    const int per_pixel = vec ? C / 8 : C;
-    const idx_t count = (idx_t)N * I * J * per_pixel;
-    for (idx_t t = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; t < count; t += (idx_t)gridDim.x * blockDim.x) {
-        const idx_t pix = t / per_pixel;
-        const int e = (int)(t - pix * per_pixel), j = (int)(pix % J);
-        const idx_t ni = pix / J;
-        const int i = (int)(ni % I);
-        const idx_t n = ni / I;
-        u16* px = dx + ((n * H + fh + (idx_t)sh * i) * W + fw + (idx_t)sw * j) * C;
-        if (vec) reinterpret_cast<uint4*>(px)[e] = make_uint4(0, 0, 0, 0);
-        else px[e] = 0;
-    }
+    const int runs = vec ? C / 8 : C;
+    const int t = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t >= J * runs) return;
+    const int j = t / runs, e = t - j * runs;
+    const int n = blockIdx.x / I, i = blockIdx.x - n * I;
+    u16* px = dx + (((idx_t)n * H + fh + sh * i) * W + fw + sw * j) * C;
+    if (vec) reinterpret_cast<uint4*>(px)[e] = make_uint4(0, 0, 0, 0);
+    else px[e] = 0;
 }
 
 // One entry point per (tile description, iterator, dtype), named as day 13's:

@@ -273,7 +273,12 @@ __device__ __forceinline__ void wgrad(const u16* __restrict__ x, const u16* __re
 
 // WGRAD_ENTRIES (days/day14_backward/wgrad.py reads this list; keep one entry per line)
 WGRAD_ENTRY(128, 128, 32, 2, 2, 4)
+WGRAD_ENTRY(128, 128, 32, 2, 4, 4)
+WGRAD_ENTRY(128, 128, 64, 2, 2, 3)
+WGRAD_ENTRY(128, 64, 32, 2, 2, 4)
 WGRAD_ENTRY(64, 64, 32, 2, 2, 4)
+WGRAD_ENTRY(64, 64, 64, 2, 2, 4)
+WGRAD_ENTRY(64, 64, 64, 2, 2, 3)
 
 // Parallel split-K, second kernel: dw[i] = round(sum_z partial[z][i]), z in order, 4 elements per
 // thread and step of a grid-stride loop (K*CRS is a multiple of 8).

@@ -1,0 +1,157 @@
+"""Day 14's kernels in a model: a `torch.autograd.Function` whose forward is day 13's
+``igemm_production`` and whose backward is day 14's ``dgrad`` and ``wgrad``, and a small ResNet
+bottleneck block built on it, trained side by side with the same block on torch's (cuDNN's)
+convolutions.
+
+Tensors are torch's usual logical NCHW / KCRS tensors in ``channels_last`` memory (so their
+dense NHWC / KRSC storage is exactly what the kernels read, with no copy); fp16 or bf16 on a
+CUDA device. `conv2d` is the function a model calls; `Bottleneck` and `train_steps` are the
+example of day 14's notebook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.problem import Conv2dProblem
+from helpers.variants import prepare
+
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The variants `conv2d` runs for each operation (registered names, or `helpers.variants.Variant`s)."""
+
+    fprop: object = "igemm_production"
+    dgrad: object = "dgrad"
+    wgrad: object = "wgrad"
+
+
+def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: str) -> Conv2dProblem:
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        raise TypeError(f"conv2d takes fp16 or bf16 x and w of one dtype; got {x.dtype} and {w.dtype}")
+    if x.dim() != 4 or w.dim() != 4:
+        raise ValueError(f"conv2d takes 4-D x (N, C, H, W) and w (K, C, R, S); got {tuple(x.shape)}, {tuple(w.shape)}")
+    n, c, h, wd = x.shape
+    k, c2, r, s = w.shape
+    if c2 != c:
+        raise ValueError(f"w has {c2} input channels, x has {c}: groups = 1 only")
+    return Conv2dProblem(N=n, C=c, H=h, W=wd, K=k, R=r, S=s, stride=stride, padding=padding, dilation=dilation,
+                         dtype=DTYPES[x.dtype], layout="NHWC", op=op)  # fmt: skip
+
+
+def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One run of ``variant`` on the logical tensors a, b; the output as a logical channels_last view.
+    No synchronisation: the kernels queue on the default stream behind and before torch's ops."""
+    plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b))
+    plan()
+    return p.to_logical(out)
+
+
+class Conv2dFunction(torch.autograd.Function):
+    """y = conv2d(x, w) forward with ``kernels.fprop``; dx with ``kernels.dgrad`` and dw with
+    ``kernels.wgrad`` backward, each only when autograd asks for it.
+
+    Shapes: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q), logical, channels_last memory
+    (a contiguous NCHW tensor is accepted too: it is copied into NHWC). Raises what
+    `helpers.variants.prepare` raises (unsupported problem, wrong device, misalignment), before
+    any launch.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, stride, padding, dilation, kernels: Kernels):  # noqa: D417 - see the class
+        p = _problem(x, w, stride, padding, dilation, "fprop")
+        ctx.save_for_backward(x, w)
+        ctx.conv = (stride, padding, dilation, kernels)
+        return _launch(kernels.fprop, p, x, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        stride, padding, dilation, kernels = ctx.conv
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _launch(kernels.dgrad, _problem(x, w, stride, padding, dilation, "dgrad"), dy, w)
+        if ctx.needs_input_grad[1]:
+            dw = _launch(kernels.wgrad, _problem(x, w, stride, padding, dilation, "wgrad"), x, dy)
+        return dx, dw, None, None, None, None
+
+
+def conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1, kernels: Kernels = Kernels()):
+    """``torch.nn.functional.conv2d(x, w, stride=..., padding=..., dilation=...)`` (groups 1, no bias)
+    on this series' kernels, differentiable in x and w (see `Conv2dFunction`)."""
+    return Conv2dFunction.apply(x, w, stride, padding, dilation, kernels)
+
+
+class Bottleneck(nn.Module):
+    """A ResNet-50 bottleneck block, channels_last: 1x1 (C -> M), 3x3 (M -> M, stride), 1x1 (M -> 4M),
+    each followed by batch norm, ReLU after the first two and after the residual sum; the residual
+    is x itself or, with a stride or a change of width, a strided 1x1 + batch norm (ResNet-50 v1,
+    stride on the first 1x1 as in this series' ResNet-50 suite). Convolutions without bias.
+
+    ``ours`` picks `conv2d` (this series' kernels, ``kernels``: a `Kernels`) or
+    ``torch.nn.functional.conv2d`` (cuDNN).
+    """
+
+    def __init__(self, c_in: int, mid: int, stride: int = 1, ours: bool = True):
+        super().__init__()
+        out = 4 * mid
+
+        def filt(k: int, c: int, r: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(k, c, r, r) * (2.0 / (c * r * r)) ** 0.5)
+
+        self.w1, self.w2, self.w3 = filt(mid, c_in, 1), filt(mid, mid, 3), filt(out, mid, 1)
+        self.bn1, self.bn2, self.bn3 = nn.BatchNorm2d(mid), nn.BatchNorm2d(mid), nn.BatchNorm2d(out)
+        self.down = filt(out, c_in, 1) if stride != 1 or c_in != out else None
+        self.bn_down = nn.BatchNorm2d(out) if self.down is not None else None
+        self.stride, self.ours, self.kernels = stride, ours, Kernels()
+
+    def conv(self, x, w, stride=1, padding=0):
+        if self.ours:
+            return conv2d(x, w, stride, padding, kernels=self.kernels)
+        return F.conv2d(x, w, stride=stride, padding=padding)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv(x, self.w1, self.stride)))
+        y = F.relu(self.bn2(self.conv(y, self.w2, 1, 1)))
+        y = self.bn3(self.conv(y, self.w3))
+        skip = x if self.down is None else self.bn_down(self.conv(x, self.down, self.stride))
+        return F.relu(y + skip)
+
+
+def make_pair(c_in: int, mid: int, stride: int, dtype=torch.float16, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """Two identical networks (two bottleneck blocks, the first strided, then a global average pool
+    and a linear classifier of 10 classes) in channels_last ``dtype`` on the GPU: one on this
+    series' kernels, one on torch's."""
+    nets = []
+    for ours in (True, False):
+        torch.manual_seed(seed)
+        net = nn.Sequential(Bottleneck(c_in, mid, stride, ours), Bottleneck(4 * mid, mid, 1, ours),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * mid, 10))  # fmt: skip
+        nets.append(net.to(device="cuda", dtype=dtype, memory_format=torch.channels_last))
+    return nets[0], nets[1]
+
+
+def train_steps(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, steps: int, lr: float = 0.05) -> dict:
+    """``steps`` of plain SGD on one batch (cross-entropy loss, computed in fp32).
+
+    Returns:
+        {"loss": [loss per step, before its update], "grads": {parameter name: its gradient at
+        step 0 (a detached copy)}}.
+    """
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    losses, first = [], {}
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x).float(), labels)
+        loss.backward()
+        if step == 0:
+            first = {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+        losses.append(float(loss.detach()))
+        opt.step()
+    return {"loss": losses, "grads": first}
