@@ -5,18 +5,20 @@ convolutions.
 
 Tensors are torch's usual logical NCHW / KCRS tensors in ``channels_last`` memory (so their
 dense NHWC / KRSC storage is exactly what the kernels read, with no copy); fp16 or bf16 on a
-CUDA device. `conv2d` is the function a model calls; `Bottleneck` and `train_steps` are the
-example of day 14's notebook.
+CUDA device. `conv2d` is the function a model calls; `Stem`, `Bottleneck`, `make_pair` and
+`train_steps` are the example of day 14's notebook.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import gpu
 from helpers.problem import Conv2dProblem
 from helpers.variants import prepare
 
@@ -45,11 +47,33 @@ def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: st
                          dtype=DTYPES[x.dtype], layout="NHWC", op=op)  # fmt: skip
 
 
+@contextlib.contextmanager
+def _pycuda_context():
+    """Make the shared context current for pycuda on this thread while the block runs.
+
+    pycuda's current context is per thread, and autograd runs ``backward`` on a thread of its own
+    (one per device), where no context has been pushed: a launch there fails with "invalid device
+    context". Push the primary context there (and pop it after); on a thread that has it, do nothing.
+    """
+    import pycuda.driver as drv
+
+    ctx = gpu.init()
+    pushed = drv.Context.get_current() is None
+    if pushed:
+        ctx.push()
+    try:
+        yield
+    finally:
+        if pushed:
+            drv.Context.pop()
+
+
 def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One run of ``variant`` on the logical tensors a, b; the output as a logical channels_last view.
     No synchronisation: the kernels queue on the default stream behind and before torch's ops."""
-    plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b))
-    plan()
+    with _pycuda_context():
+        plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b))
+        plan()
     return p.to_logical(out)
 
 
@@ -88,33 +112,54 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1, ke
     return Conv2dFunction.apply(x, w, stride, padding, dilation, kernels)
 
 
-class Bottleneck(nn.Module):
-    """A ResNet-50 bottleneck block, channels_last: 1x1 (C -> M), 3x3 (M -> M, stride), 1x1 (M -> 4M),
-    each followed by batch norm, ReLU after the first two and after the residual sum; the residual
-    is x itself or, with a stride or a change of width, a strided 1x1 + batch norm (ResNet-50 v1,
-    stride on the first 1x1 as in this series' ResNet-50 suite). Convolutions without bias.
+def _filter(k: int, c: int, r: int) -> nn.Parameter:
+    """A (K, C, R, R) filter with He initialisation (std sqrt(2 / (C R R)))."""
+    return nn.Parameter(torch.randn(k, c, r, r) * (2.0 / (c * r * r)) ** 0.5)
 
-    ``ours`` picks `conv2d` (this series' kernels, ``kernels``: a `Kernels`) or
-    ``torch.nn.functional.conv2d`` (cuDNN).
-    """
 
-    def __init__(self, c_in: int, mid: int, stride: int = 1, ours: bool = True):
+class _OnKernels(nn.Module):
+    """A module whose convolutions run on this series' kernels (``ours``, with ``self.kernels``, a
+    `Kernels`) or on ``torch.nn.functional.conv2d`` (cuDNN)."""
+
+    def __init__(self, ours: bool):
         super().__init__()
-        out = 4 * mid
-
-        def filt(k: int, c: int, r: int) -> nn.Parameter:
-            return nn.Parameter(torch.randn(k, c, r, r) * (2.0 / (c * r * r)) ** 0.5)
-
-        self.w1, self.w2, self.w3 = filt(mid, c_in, 1), filt(mid, mid, 3), filt(out, mid, 1)
-        self.bn1, self.bn2, self.bn3 = nn.BatchNorm2d(mid), nn.BatchNorm2d(mid), nn.BatchNorm2d(out)
-        self.down = filt(out, c_in, 1) if stride != 1 or c_in != out else None
-        self.bn_down = nn.BatchNorm2d(out) if self.down is not None else None
-        self.stride, self.ours, self.kernels = stride, ours, Kernels()
+        self.ours, self.kernels = ours, Kernels()
 
     def conv(self, x, w, stride=1, padding=0):
         if self.ours:
             return conv2d(x, w, stride, padding, kernels=self.kernels)
         return F.conv2d(x, w, stride=stride, padding=padding)
+
+
+class Stem(_OnKernels):
+    """3x3 convolution (C_img -> C, stride 1, padding 1), batch norm, ReLU. It puts a convolution in
+    front of the first bottleneck block, so that block's input needs a gradient and its strided
+    1x1 convolutions run dgrad (the network's input itself needs none)."""
+
+    def __init__(self, c_img: int, c: int, ours: bool = True):
+        super().__init__(ours)
+        self.w, self.bn = _filter(c, c_img, 3), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x, self.w, 1, 1)))
+
+
+class Bottleneck(_OnKernels):
+    """A ResNet-50 bottleneck block, channels_last: 1x1 (C -> M), 3x3 (M -> M, stride), 1x1 (M -> 4M),
+    each followed by batch norm, ReLU after the first two and after the residual sum; the residual
+    is x itself or, with a stride or a change of width, a strided 1x1 + batch norm (ResNet-50 v1,
+    stride on the first 1x1 as in this series' ResNet-50 suite). Convolutions without bias, on
+    this series' kernels or torch's (see `_OnKernels`).
+    """
+
+    def __init__(self, c_in: int, mid: int, stride: int = 1, ours: bool = True):
+        super().__init__(ours)
+        out = 4 * mid
+        self.w1, self.w2, self.w3 = _filter(mid, c_in, 1), _filter(mid, mid, 3), _filter(out, mid, 1)
+        self.bn1, self.bn2, self.bn3 = nn.BatchNorm2d(mid), nn.BatchNorm2d(mid), nn.BatchNorm2d(out)
+        self.down = _filter(out, c_in, 1) if stride != 1 or c_in != out else None
+        self.bn_down = nn.BatchNorm2d(out) if self.down is not None else None
+        self.stride = stride
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv(x, self.w1, self.stride)))
@@ -124,15 +169,18 @@ class Bottleneck(nn.Module):
         return F.relu(y + skip)
 
 
-def make_pair(c_in: int, mid: int, stride: int, dtype=torch.float16, seed: int = 0) -> tuple[nn.Module, nn.Module]:
-    """Two identical networks (two bottleneck blocks, the first strided, then a global average pool
-    and a linear classifier of 10 classes) in channels_last ``dtype`` on the GPU: one on this
-    series' kernels, one on torch's."""
+def make_pair(c_img: int, c_in: int, mid: int, stride: int, dtype=torch.float16,
+              seed: int = 0) -> tuple[nn.Module, nn.Module]:  # fmt: skip
+    """Two identical networks in channels_last ``dtype`` on the GPU, one on this series' kernels and
+    one on torch's: a `Stem` (C_img -> C_in), two bottleneck blocks (the first with ``stride``,
+    C_in -> 4 mid), a global average pool and a linear classifier of 10 classes.
+    Input: (N, C_img, H, W), C_img a multiple of 8 (wgrad's and fprop's alignment)."""
     nets = []
     for ours in (True, False):
         torch.manual_seed(seed)
-        net = nn.Sequential(Bottleneck(c_in, mid, stride, ours), Bottleneck(4 * mid, mid, 1, ours),
-                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * mid, 10))  # fmt: skip
+        net = nn.Sequential(Stem(c_img, c_in, ours), Bottleneck(c_in, mid, stride, ours),
+                            Bottleneck(4 * mid, mid, 1, ours), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(4 * mid, 10))  # fmt: skip
         nets.append(net.to(device="cuda", dtype=dtype, memory_format=torch.channels_last))
     return nets[0], nets[1]
 

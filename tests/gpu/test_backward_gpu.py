@@ -151,22 +151,32 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-# Two bottleneck blocks (C 64 -> 128, stride 2), N = 8 images of 28 x 28, fp16 channels_last:
-# the same network on this series' kernels and on torch's. Each convolution's gradient differs
-# from cuDNN's by its own rounding (fp32 accumulation, one fp16 rounding: a relative L2 error of
-# a few u = 2^-11); through the blocks' batch norms and ReLUs the differences add up, to well
-# under TRAIN_TOL, which a wrong kernel (below) exceeds many times over.
+# A stem and two bottleneck blocks (C 16 -> 64 -> 128, stride 2), N = 8 images of 28 x 28, fp16
+# channels_last: the same network on this series' kernels and on torch's. Each convolution's
+# gradient differs from cuDNN's by its own rounding (fp32 accumulation, one fp16 rounding: a
+# relative L2 error of a few u = 2^-11); through the blocks' batch norms and ReLUs the differences
+# add up, to well under TRAIN_TOL, which a wrong kernel (below) exceeds many times over.
 TRAIN_TOL = 1e-2
 
 
-def test_training_steps_agree_with_torch():
+def _batch():
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 28, 28, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    return x, torch.randint(0, 10, (8,), device="cuda")
+
+
+def test_training_steps_agree_with_torch(monkeypatch):
     from days.day14_backward import train
 
-    torch.manual_seed(0)
-    x = torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-    labels = torch.randint(0, 10, (8,), device="cuda")
-    ours, ref = train.make_pair(64, 32, 2)
+    ran = []
+    launch = train._launch
+    monkeypatch.setattr(train, "_launch", lambda v, p, a, b: ran.append((p.op, p.stride)) or launch(v, p, a, b))
+    x, labels = _batch()
+    ours, ref = train.make_pair(16, 64, 32, 2)
     a, b = train.train_steps(ours, x, labels, 4), train.train_steps(ref, x, labels, 4)
+    # every operation ran, dgrad also on the strided 1x1 convolutions (the filter-phase path)
+    assert {op for op, _ in ran} == {"fprop", "dgrad", "wgrad"}
+    assert ("dgrad", (2, 2)) in ran, sorted(set(ran))
     for la, lb in zip(a["loss"], b["loss"]):
         assert abs(la - lb) <= TRAIN_TOL * abs(lb), (a["loss"], b["loss"])
     assert a["loss"][-1] < a["loss"][0]  # it trains
@@ -184,12 +194,10 @@ def test_a_wrong_wgrad_in_training_is_caught():
     short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
         dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
         for k in v.launches_fn(q, ep)])  # fmt: skip
-    torch.manual_seed(0)
-    x = torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-    labels = torch.randint(0, 10, (8,), device="cuda")
-    ours, ref = train.make_pair(64, 32, 2)
+    x, labels = _batch()
+    ours, ref = train.make_pair(16, 64, 32, 2)
     for m in ours.modules():
-        if isinstance(m, train.Bottleneck):
+        if isinstance(m, train._OnKernels):
             m.kernels = train.Kernels(wgrad=short)
     a, b = train.train_steps(ours, x, labels, 1), train.train_steps(ref, x, labels, 1)
     worst = max(_rel_l2(g, b["grads"][n]) for n, g in a["grads"].items() if g.dim() == 4)
