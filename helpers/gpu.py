@@ -12,6 +12,7 @@ it creates a second context whose pointers torch cannot use.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import subprocess
 from dataclasses import asdict, dataclass
@@ -59,6 +60,32 @@ def init(device: int = 0):
     _ctx = ctx
     atexit.register(_release)
     return ctx
+
+
+@contextlib.contextmanager
+def thread_context():
+    """Make the shared context current for pycuda on the calling thread while the block runs.
+
+    pycuda's current context is per thread. `init` pushes it on the thread that first calls it;
+    another thread — autograd runs ``backward`` on a thread of its own, one per device — has no
+    current context, and a compile or launch there fails with "invalid device context". This
+    pushes the context there (and pops it after). On a thread that has it, or before `init` has
+    run (then `init`, on first use, pushes it on this thread), it does nothing. Never raises by
+    itself: without a GPU or pycuda, `init` has not run and the block runs as is.
+    """
+    if _ctx is None:
+        yield
+        return
+    import pycuda.driver as drv
+
+    pushed = drv.Context.get_current() is None
+    if pushed:
+        _ctx.push()
+    try:
+        yield
+    finally:
+        if pushed:
+            drv.Context.pop()
 
 
 def _release() -> None:

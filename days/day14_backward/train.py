@@ -11,7 +11,6 @@ CUDA device. `conv2d` is the function a model calls; `Stem`, `Bottleneck`, `make
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -47,31 +46,10 @@ def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: st
                          dtype=DTYPES[x.dtype], layout="NHWC", op=op)  # fmt: skip
 
 
-@contextlib.contextmanager
-def _pycuda_context():
-    """Make the shared context current for pycuda on this thread while the block runs.
-
-    pycuda's current context is per thread, and autograd runs ``backward`` on a thread of its own
-    (one per device), where no context has been pushed: a launch there fails with "invalid device
-    context". Push the primary context there (and pop it after); on a thread that has it, do nothing.
-    """
-    import pycuda.driver as drv
-
-    ctx = gpu.init()
-    pushed = drv.Context.get_current() is None
-    if pushed:
-        ctx.push()
-    try:
-        yield
-    finally:
-        if pushed:
-            drv.Context.pop()
-
-
 def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One run of ``variant`` on the logical tensors a, b; the output as a logical channels_last view.
     No synchronisation: the kernels queue on the default stream behind and before torch's ops."""
-    with _pycuda_context():
+    with gpu.thread_context():  # autograd calls backward on a thread of its own
         plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b))
         plan()
     return p.to_logical(out)

@@ -43,7 +43,7 @@ MAIN_LOOP_FLOPS = 200e12  # the main loop's rate, FLOP/s (measured: 150-190 TFLO
 PARTIAL_BYTES_PER_S = 3e12
 PARTIAL_SHARE = 0.25
 MIN_SLICE_STEPS = 8
-REDUCE_THREADS, REDUCE_BLOCKS = 256, 1056  # the reduction's grid-stride loop: 8 blocks per SM
+REDUCE_THREADS, REDUCE_BLOCKS = 128, 2112  # the reduction's grid-stride loop over pairs: 16 blocks per SM
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def wgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgradConfig) -> li
     if mode == "direct":
         return [main]
     if mode == "parallel":
-        blocks = min(REDUCE_BLOCKS, cdiv(kn // 4, REDUCE_THREADS))
+        blocks = min(REDUCE_BLOCKS, cdiv(kn // 2, REDUCE_THREADS))
         red = KernelLaunch("reduce", f"wgrad_reduce_{p.dtype}", LaunchConfig((blocks, 1, 1), (REDUCE_THREADS, 1, 1)),
                            (Buffer("workspace"), Buffer("dw"), np.int64(kn), i32(cfg.splits)))  # fmt: skip
         return [main, red]
@@ -211,12 +211,12 @@ def wgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgradConfig) -> li
 
 def wgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgradConfig) -> np.ndarray:
     """Writes per dw element (KRSC, flat) of the launch that writes dw: the reduction's grid-stride
-    loop over groups of 4 (parallel), or the GEMM tiles of the last slice (serial: only slice
+    loop over pairs (parallel), or the GEMM tiles of the last slice (serial: only slice
     z = splits − 1 stores dw; direct: the one slice)."""
     kn = p.K * p.C * p.R * p.S
     if cfg.splits > 1 and cfg.mode == "parallel":
-        items = grid_stride_items(kn // 4, launch.blocks * launch.threads_per_block)
-        return np.bincount(items, minlength=kn // 4).repeat(4)
+        items = grid_stride_items(kn // 2, launch.blocks * launch.threads_per_block)
+        return np.bincount(items, minlength=kn // 2).repeat(2)
     visits = tile_visits(launch.grid, cdiv(p.K, cfg.tile.bm), cdiv(p.C * p.R * p.S, cfg.tile.bn))
     return gemm_writes(p.K, p.C * p.R * p.S, cfg.tile.bm, cfg.tile.bn, visits)
 

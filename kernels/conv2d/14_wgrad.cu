@@ -280,22 +280,33 @@ WGRAD_ENTRY(64, 64, 32, 2, 2, 4)
 WGRAD_ENTRY(64, 64, 64, 2, 2, 4)
 WGRAD_ENTRY(64, 64, 64, 2, 2, 3)
 
-// Parallel split-K, second kernel: dw[i] = round(sum_z partial[z][i]), z in order, 4 elements per
-// thread and step of a grid-stride loop (K*CRS is a multiple of 8).
+// Parallel split-K, second kernel: dw[i] = round(sum_z partial[z][i]), z in order, 2 elements per
+// thread and step of a grid-stride loop (K*CRS is a multiple of 8). dw is small where the split is
+// large (a few dozen output tiles, up to ~100 slices), so few threads each sum many slices: the
+// loads of REDUCE_BATCH slices are issued before their adds, so that many loads are in flight per
+// thread (one at a time, the sum would wait a memory latency per slice). The adds stay in slice
+// order: the result is bitwise the serial split-K's.
+constexpr int REDUCE_BATCH = 16;
 template <bool BF16>
 __device__ __forceinline__ void wgrad_reduce(const float* __restrict__ partial, u16* __restrict__ dw, long long count,
                                              int splits) {
-    const idx_t quads = count / 4;
-    for (idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; i < quads; i += (idx_t)gridDim.x * blockDim.x) {
-        float4 sum = __ldcs(reinterpret_cast<const float4*>(partial) + i);
-        for (int z = 1; z < splits; ++z) {
-            const float4 v = __ldcs(reinterpret_cast<const float4*>(partial + (idx_t)z * count) + i);
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
+    const idx_t pairs = count / 2;
+    for (idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (idx_t)gridDim.x * blockDim.x) {
+        const float2* src = reinterpret_cast<const float2*>(partial) + i;
+        float2 sum = __ldcs(src);
+        for (int z0 = 1; z0 < splits; z0 += REDUCE_BATCH) {
+            float2 v[REDUCE_BATCH];
+#pragma unroll
+            for (int j = 0; j < REDUCE_BATCH; ++j)
+                if (z0 + j < splits) v[j] = __ldcs(src + (idx_t)(z0 + j) * pairs);
+#pragma unroll
+            for (int j = 0; j < REDUCE_BATCH; ++j)
+                if (z0 + j < splits) {
+                    sum.x += v[j].x;
+                    sum.y += v[j].y;
+                }
         }
-        *reinterpret_cast<uint2*>(dw + 4 * i) = make_uint2(pack2<BF16>(sum.x, sum.y), pack2<BF16>(sum.z, sum.w));
+        *reinterpret_cast<unsigned*>(dw + 2 * i) = pack2<BF16>(sum.x, sum.y);
     }
 }
 extern "C" __global__ void wgrad_reduce_fp16(const float* __restrict__ partial, u16* __restrict__ dw,

@@ -202,3 +202,23 @@ def test_a_wrong_wgrad_in_training_is_caught():
     a, b = train.train_steps(ours, x, labels, 1), train.train_steps(ref, x, labels, 1)
     worst = max(_rel_l2(g, b["grads"][n]) for n, g in a["grads"].items() if g.dim() == 4)
     assert worst > 10 * TRAIN_TOL, worst
+
+
+def test_a_launch_from_another_thread_works():
+    """autograd runs backward on a thread of its own, where pycuda has no current context:
+    `helpers.gpu.thread_context` pushes it there, and the kernels run as on the main thread."""
+    import threading
+
+    p = problem("strided 1x1, ResNet-style", "dgrad")
+    dy, w = p.make_inputs(device="cuda", seed=1)
+    want = run("dgrad", p, dy, w).clone()
+    got = {}
+
+    def work():
+        with gpu.thread_context():
+            got["dx"] = run("dgrad", p, dy, w).clone()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "dx" in got and bitwise_equal(got["dx"], want)
