@@ -9,6 +9,11 @@
 * the phase split does no more multiplications than the useful ones plus dy's borders, and the
   naive walk does stride_h·stride_w times as many as the phases for a stride with no empty phase;
 * a planted fault (one tap's offset off by one) is caught;
+* the dgrad variant's launches: `simulate` (dx from the launches' arguments, NaN where none
+  writes) equals the reference; one ``zero`` launch, only where a pixel gets no tap, writes
+  exactly the pixels no tap reaches, and every dx element is written once across all launches
+  (strides past the filter, odd sizes, strides (2, 1) and (1, 2), dilations (1, 2) and (2, 1));
+  strides past the zero kernel's 32-bit phase masks are refused before any launch;
 * split-K: the slices are whole BK steps, none empty, covering GEMM-K once; dw from fp32 partials
   summed in slice order equals the reference bit for bit on integer inputs and stays inside the
   fp32 bound (`helpers.check.compare`) for 1 to 64 slices; a dropped slice is caught.
@@ -19,12 +24,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from days import day14_backward as d14
 from helpers.check import compare, reference
 from helpers.problem import Conv2dProblem
+from helpers.variants import prepare
 
 
 def dgrad(**kw) -> Conv2dProblem:
@@ -180,13 +187,16 @@ def test_split_k_refusals():
 # ---- the kernels' arguments, simulated on the CPU -----------------------------------------------
 
 PAST_DILATED = dgrad(N=1, C=3, H=7, W=6, K=2, R=3, S=2, padding=(3, 2))  # padding past the dilated filter
+NHWC = dict(dtype="fp16", layout="NHWC")
+ALL_PADDING = dict(N=1, C=8, H=1, W=1, K=8, R=1, S=1, stride=3, padding=1)  # the one tap reads padding: dx = 0
 
 
-@pytest.mark.parametrize("p", CASES + [PAST_DILATED] + random_cases(40, seed=11), ids=lambda p: p.name)
+@pytest.mark.parametrize("p", CASES + [PAST_DILATED, dgrad(**ALL_PADDING)] + random_cases(40, seed=11),
+                         ids=lambda p: p.name)  # fmt: skip
 def test_dgrad_launch_arguments_compose_dgrad(p):
     """`days.day14_backward.dgrad.simulate` runs what the launches say (the phase filters' layout,
-    each phase's padding, dilation, offset and output rows) and must give dgrad exactly on
-    integer inputs."""
+    each phase's padding, dilation, offset and output rows, the zero launch's pixels) and must
+    give dgrad exactly on integer inputs (a pixel no launch writes would stay NaN)."""
     dy, w = p.make_inputs(kind="int", seed=5)
     assert torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
 
@@ -267,3 +277,81 @@ def test_conv2d_refuses_bad_input_before_any_launch():
         d14.train.conv2d(x, w[:, :8], padding=1)
     with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
         d14.train.conv2d(x, w, padding=1)
+
+
+# (problem, whether a dx pixel gets no tap): fp16 NHWC, as the variant runs them
+ZERO_CASES = [
+    (dgrad(N=2, C=16, H=9, W=7, K=8, R=1, S=1, stride=2, **NHWC), True),  # strided 1x1, odd H and W
+    (dgrad(N=2, C=64, H=6, W=40, K=8, R=1, S=1, stride=2, **NHWC), True),  # rows of 320 runs: 2 blocks in y
+    (dgrad(N=1, C=3, H=11, W=10, K=4, R=1, S=1, stride=3, **NHWC), True),  # stride 3 > 1x1, element stores
+    (dgrad(N=2, C=8, H=11, W=13, K=16, R=2, S=2, stride=3, padding=1, **NHWC), True),  # stride 3 > 2x2
+    (dgrad(N=2, C=8, H=9, W=8, K=8, R=1, S=1, stride=(2, 1), **NHWC), True),  # rows without taps only
+    (dgrad(N=2, C=5, H=8, W=9, K=8, R=1, S=1, stride=(1, 2), **NHWC), True),  # columns without taps only
+    (dgrad(N=2, C=16, H=12, W=15, K=8, R=3, S=2, stride=2, padding=1, dilation=(1, 2), **NHWC), True),
+    (dgrad(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1, dilation=(2, 1), **NHWC), True),
+    (dgrad(**ALL_PADDING, **NHWC), True),  # no phase GEMM at all: the zero launch writes all of dx
+    (dgrad(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1, **NHWC), False),  # odd H, W; all phases tapped
+    (dgrad(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0), **NHWC), False),
+    (dgrad(N=3, C=7, H=7, W=6, K=5, R=3, S=3, padding=1, **NHWC), False),  # unit stride
+]  # fmt: skip
+
+
+def no_tap(p: Conv2dProblem) -> np.ndarray:
+    """(H, W) bool: the dx pixels no filter tap reaches, from the divisibility test alone (no
+    phases): no r with (h + pad_h − r·dil_h) a multiple of stride_h, or none such s on W."""
+
+    def axis(n: int, taps: int, s: int, pad: int, d: int) -> np.ndarray:
+        return np.array([all((x + pad - r * d) % s for r in range(taps)) for x in range(n)], dtype=bool)
+
+    rows = axis(p.H, p.R, p.stride[0], p.padding[0], p.dilation[0])
+    return rows[:, None] | axis(p.W, p.S, p.stride[1], p.padding[1], p.dilation[1])[None, :]
+
+
+@pytest.mark.parametrize("p, zeros", ZERO_CASES, ids=[p.name for p, _ in ZERO_CASES])
+def test_one_zero_launch_writes_the_pixels_no_tap_reaches(p, zeros):
+    """The filter kernel, one GEMM per phase pair with taps, then one ``zero`` launch exactly where
+    some pixel gets no tap; its pixels are those no tap reaches, and across all launches every dx
+    element is written exactly once (`Variant.covers`)."""
+    v = d14.DGRAD
+    assert v.supports(p) is None, v.supports(p)
+    ks = v.launches(p)
+    assert [k.name for k in ks] == ["filter"] + [f"phase_{a.rows.phase}_{a.cols.phase}" for a in d14.dgrad_plan(p)] \
+        + ["zero"] * zeros  # fmt: skip
+    expect = no_tap(p)
+    assert bool(expect.any()) == zeros
+    assert np.array_equal(d14.dgrad.zero_pixels(p), expect)
+    if zeros:
+        zh, zw = ks[-1].args[-2:]
+        assert (type(zh), type(zw)) == (np.uint32, np.uint32) and (int(zh), int(zw)) == d14.dgrad.zero_masks(p)
+    counts = np.asarray(v.covers(p))
+    assert counts.shape == (p.N * p.H * p.W * p.C,) and bool((counts == 1).all()), np.bincount(counts)
+
+
+def test_zero_launch_model_follows_its_grid():
+    """With the zero launch's grid capped at one block in y, the model leaves exactly the pixels
+    of runs 256 and later of each row unwritten (what tests/gpu/test_correctness.py compares with
+    the kernel): here columns 32 .. 39 (8 runs of 8 channels per pixel) of the pixels no tap reaches."""
+    p = ZERO_CASES[1][0]
+    capped = d14.DGRAD.with_output_launch(lambda cfg: replace(cfg, grid=(cfg.grid[0], 1, 1)), name="dgrad_capped")
+    assert [k.name for k in capped.launches(p)][-1] == "zero" and d14.DGRAD.launch(p).grid[1] == 2
+    unwritten = np.asarray(capped.covers(p)).reshape(p.N, p.H, p.W, p.C) == 0
+    expect = no_tap(p) & (np.arange(p.W) >= 32)[None, :]
+    assert np.array_equal(unwritten, np.broadcast_to(expect[None, :, :, None], unwritten.shape))
+
+
+def test_stride_past_the_zero_masks_is_refused_before_any_launch():
+    """The zero kernel takes each axis's phases without taps as a 32-bit mask: stride 33 with
+    pixels no tap reaches is refused (by `prepare` too, on CPU tensors: before any GPU call);
+    stride 32 (phases 1 .. 31 without taps) and stride 33 with every pixel tapped are not."""
+    v = d14.DGRAD
+    past = dgrad(N=1, C=8, H=40, W=5, K=8, R=1, S=1, stride=(33, 1), **NHWC)  # rows 1 .. 32 get no tap
+    reason = v.supports(past)
+    assert reason is not None and "stride <= 32" in reason and "(33, 1)" in reason, reason
+    dy, w = past.make_inputs(seed=1)
+    with pytest.raises(ValueError, match=r"stride <= 32 .*got stride \(33, 1\)"):
+        prepare(v, past, dy, w)
+    inside = replace(past, stride=(32, 1), name="")
+    assert v.supports(inside) is None and d14.dgrad.zero_masks(inside) == (2**32 - 2, 0)
+    assert v.launches(inside)[-1].args[-2] == np.uint32(2**32 - 2)
+    one_row = replace(past, H=1, name="")  # phases 1 .. 32 have no rows: every pixel gets the tap
+    assert v.supports(one_row) is None and "zero" not in [k.name for k in v.launches(one_row)]

@@ -1,10 +1,12 @@
 """Day 14's dgrad variant: day 13's kernel run once per filter phase (``14_dgrad.cu``).
 
 A run is one launch of ``dgrad_filter_phases`` (w -> the phase filters, in the workspace), then
-one launch per phase pair (φh, φw) that has dx rows: the fprop of `phase_conv` over dy with that
-phase's filter, its rows stored at dx pixels (n, φh + sh·i, φw + sw·j). `dgrad_plan` computes the
-phases and their arguments; the tile, iterator and swizzle come from day 13's rule applied to the
-GEMM of the largest phase (`phase_gemm_problem`).
+one launch per phase pair (φh, φw) that has dx rows and taps on both axes: the fprop of
+`phase_conv` over dy with that phase's filter, its rows stored at dx pixels (n, φh + sh·i,
+φw + sw·j); then, if any dx pixel gets no tap (a phase without taps on an axis: stride larger than
+the dilated filter), one launch of ``dgrad_zero_phases`` that writes all those pixels as zeros
+(`zero_masks`). `dgrad_plan` computes the phases and their arguments; the tile, iterator and
+swizzle come from day 13's rule applied to the GEMM of the largest phase (`phase_gemm_problem`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from .model import AxisPhase, dgrad_phases
 
 CU_FILE = "14_dgrad.cu"
 TRANSPOSE_TILE = 64  # dgrad_filter_phases: 64 x 64 slabs, blocks of 256 threads
-ZERO_THREADS = 256  # dgrad_zero_phase: threads per block along a dx row
+ZERO_THREADS = 256  # dgrad_zero_phases: threads per block along a dx row
+MAX_ZERO_STRIDE = 32  # dgrad_zero_phases: one bit per phase of an axis in a 32-bit mask
 
 
 @cache
@@ -88,33 +91,47 @@ class PhaseLaunch:
 
 
 def phase_conv(a: AxisPhase, stride: int, dil: int) -> tuple[int, int]:
-    """(padding, dilation) of one axis phase as a unit-stride fprop over dy: the taps in order of
-    ascending dy offset o_min + j·d', d' = dil / gcd(stride, dil), padding −o_min. A phase without
-    taps gets (0, 1): it has no GEMM-K step."""
-    if not a.taps:
-        return 0, 1
+    """(padding, dilation) of one axis phase with taps as a unit-stride fprop over dy: the taps in
+    order of ascending dy offset o_min + j·d', d' = dil / gcd(stride, dil), padding −o_min."""
     return -min(a.offsets), dil // math.gcd(stride, dil)
 
 
 def dgrad_plan(p: Conv2dProblem) -> list[PhaseLaunch]:
-    """The phase pairs (φh, φw) of ``p`` that have dx rows, in row-major phase order, with their
-    fprop arguments and filter offsets: phase (φh, φw) starts after the filters of every earlier
-    pair, (Σ_{a<φh} Jh(a))·S·C·K + Jh(φh)·(Σ_{b<φw} Jw(b))·C·K elements, as the filter kernel
-    writes them (a phase without taps reads no filter: offset 0)."""
+    """The phase pairs (φh, φw) of ``p`` that have dx rows and taps on both axes (one GEMM launch
+    each; `zero_masks` covers the others), in row-major phase order, with their fprop arguments and
+    filter offsets: phase (φh, φw) starts after the filters of every earlier pair,
+    (Σ_{a<φh} Jh(a))·S·C·K + Jh(φh)·(Σ_{b<φw} Jw(b))·C·K elements, as the filter kernel writes them."""
     ph_h, ph_w = dgrad_phases(p)
     out = []
     before_h = 0
     for a in ph_h:
         before_w = 0
         for b in ph_w:
-            if a.rows and b.rows:
+            if a.rows and b.rows and a.taps and b.taps:
                 (pad_h, dil_h), (pad_w, dil_w) = phase_conv(a, p.stride[0], p.dilation[0]), \
                     phase_conv(b, p.stride[1], p.dilation[1])  # fmt: skip
-                off = (before_h * p.S + len(a.taps) * before_w) * p.C * p.K if a.taps and b.taps else 0
+                off = (before_h * p.S + len(a.taps) * before_w) * p.C * p.K
                 out.append(PhaseLaunch(a, b, (pad_h, pad_w), (dil_h, dil_w), off))
             before_w += len(b.taps)
         before_h += len(a.taps)
     return out
+
+
+def zero_masks(p: Conv2dProblem) -> tuple[int, int]:
+    """(zh, zw), the arguments of ``dgrad_zero_phases``: bit φ set for each phase φ of the H (W)
+    axis that has dx rows but no taps. dx pixel (n, h, w) gets no tap iff bit h mod sh of zh or bit
+    w mod sw of zw is set (the taps of a phase pair are the product of its axes' taps); (0, 0):
+    every pixel gets one, and the run has no zero launch."""
+    return tuple(sum(1 << a.phase for a in axis if a.rows and not a.taps) for axis in dgrad_phases(p))
+
+
+def zero_pixels(p: Conv2dProblem) -> np.ndarray:
+    """(H, W) bool: the dx pixels ``dgrad_zero_phases`` writes (in every image), by the kernel's
+    own test on `zero_masks`."""
+    zh, zw = zero_masks(p)
+    rows = np.array([zh >> (h % p.stride[0]) & 1 for h in range(p.H)], dtype=bool)
+    cols = np.array([zw >> (w % p.stride[1]) & 1 for w in range(p.W)], dtype=bool)
+    return rows[:, None] | cols[None, :]
 
 
 def filter_phases(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
@@ -148,7 +165,8 @@ def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     """dx from the launches' own arguments, in float64: `filter_phases`, then per `dgrad_plan`
     entry the unit-stride fprop it launches (dy padded by the phase's padding, which may be
     negative: a crop; dilation d'; the first I x J outputs) stored at rows φh + sh·i, columns
-    φw + sw·j. What the kernels compute, with the rounding left out.
+    φw + sw·j, then zeros at `zero_pixels`. What the kernels compute, with the rounding left out;
+    dx starts as NaN, so a pixel no launch writes shows.
 
     Args:
         dy: (N, K, P, Q) logical NCHW; w: (K, C, R, S) logical KCRS.
@@ -158,16 +176,15 @@ def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     """
     wt = filter_phases(p, w.double())
     dy64 = dy.double()
-    dx = torch.zeros((p.N, p.C, p.H, p.W), dtype=torch.float64, device=dy.device)
+    dx = torch.full((p.N, p.C, p.H, p.W), float("nan"), dtype=torch.float64, device=dy.device)
     for ph in dgrad_plan(p):
         (i, j), (jh, jw) = ph.pixels, ph.taps
-        if not (jh and jw):
-            continue  # a phase without taps writes zeros
         filt = wt[ph.filter_offset : ph.filter_offset + p.C * jh * jw * p.K].reshape(p.C, jh, jw, p.K)
         reach_h, reach_w = (jh - 1) * ph.dil[0], (jw - 1) * ph.dil[1]
         src = F.pad(dy64, (ph.pad[1], j + reach_w, ph.pad[0], i + reach_h))  # right/bottom: zeros enough for I x J
         out = F.conv2d(src, filt.permute(0, 3, 1, 2), dilation=ph.dil)[:, :, :i, :j]
         dx[:, :, ph.rows.phase :: p.stride[0], ph.cols.phase :: p.stride[1]] = out
+    dx[:, :, torch.from_numpy(zero_pixels(p)).to(dy.device)] = 0
     return dx
 
 
@@ -177,11 +194,15 @@ def workspace_bytes(p: Conv2dProblem) -> int:
 
 
 def dgrad_reason(p: Conv2dProblem) -> str | None:
-    """None if the variant runs ``p``, else why not: groups, the instantiated tile, and the 32-bit
-    arithmetic of both kernels (the phase GEMM-K Jh·Jw·K walk, the I·J and P·Q pixel indices,
-    the dy rows a phase reaches)."""
+    """None if the variant runs ``p``, else why not: groups, the zero kernel's phase masks (stride
+    <= 32 where a pixel gets no tap), the instantiated tile, and the 32-bit arithmetic of the phase
+    kernels (the phase GEMM-K Jh·Jw·K walk, the I·J and P·Q pixel indices, the dy rows a phase
+    reaches; the zero kernel's is bounded by its grid)."""
     if p.groups != 1:
         return f"needs groups = 1; got {p.groups}"
+    if any(zero_masks(p)) and max(p.stride) > MAX_ZERO_STRIDE:
+        return (f"needs stride <= {MAX_ZERO_STRIDE} on both axes where dx pixels get no tap (the zero kernel "
+                f"takes each axis's phases without taps as a 32-bit mask); got stride {p.stride}")  # fmt: skip
     cfg = choose_config(p)
     if cfg.iterator not in instantiated().get(cfg.tile.name, ()):
         return f"{CU_FILE} has no entry for tile {cfg.tile.name} with the {cfg.iterator} iterator"
@@ -200,22 +221,21 @@ def dgrad_reason(p: Conv2dProblem) -> str | None:
     return None
 
 
-def zero_launch(p: Conv2dProblem, ph: PhaseLaunch) -> tuple[LaunchConfig, int]:
-    """(launch, elements per run) of ``dgrad_zero_phase`` on a phase without taps: grid x one
-    block per dx row (n, i) of the phase, grid y and ``ZERO_THREADS`` threads over its J pixels'
-    runs of 8 channels (C % 8 == 0, else single elements)."""
+def zero_launch(p: Conv2dProblem) -> tuple[LaunchConfig, int]:
+    """(launch, elements per run) of ``dgrad_zero_phases``: grid x one block per dx row (n, h),
+    grid y and ``ZERO_THREADS`` threads over the row's W pixels' runs of 8 channels (C % 8 == 0,
+    else single elements)."""
     per = 8 if p.C % 8 == 0 else 1
-    i, j = ph.pixels
-    return LaunchConfig(grid=(p.N * i, cdiv(j * (p.C // per), ZERO_THREADS), 1), block=(ZERO_THREADS, 1, 1)), per
+    return LaunchConfig(grid=(p.N * p.H, cdiv(p.W * (p.C // per), ZERO_THREADS), 1), block=(ZERO_THREADS, 1, 1)), per
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
     """``filter`` (dgrad_filter_phases on w -> workspace), then per `dgrad_plan` entry
     ``phase_<φh>_<φw>``: day 13's kernel on dy, the phase filter (``Buffer("workspace", offset)``)
-    and dx (``dgrad_unit_*`` with unit stride: day 13's dense rows), or for a phase without taps
-    ``zero_<φh>_<φw>``: ``dgrad_zero_phase``, its pixels set to 0."""
+    and dx (``dgrad_unit_*`` with unit stride: day 13's dense rows), then, if some dx pixel gets no
+    tap, ``zero``: ``dgrad_zero_phases`` on dx with `zero_masks`, those pixels set to 0."""
     cfg = choose_config(p)
-    t, i32 = cfg.tile, np.int32
+    t, i32, u32 = cfg.tile, np.int32, np.uint32
     filt = LaunchConfig(grid=(cdiv(p.C, TRANSPOSE_TILE), cdiv(p.K, TRANSPOSE_TILE), p.R * p.S),
                         block=(256, 1, 1))  # fmt: skip
     out = [KernelLaunch("filter", f"dgrad_filter_phases_{p.dtype}", filt,
@@ -226,11 +246,6 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
     for ph in dgrad_plan(p):
         i, j = ph.pixels
         where = f"{ph.rows.phase}_{ph.cols.phase}"
-        if not all(ph.taps):
-            zero, _ = zero_launch(p, ph)
-            out.append(KernelLaunch(f"zero_{where}", "dgrad_zero_phase", zero, (Buffer("dx"), *map(i32, (
-                p.N, p.H, p.W, p.C, i, j, *p.stride, ph.rows.phase, ph.cols.phase)))))  # fmt: skip
-            continue
         m_tiles, n_tiles = cdiv(p.N * i * j, t.bm), cdiv(p.C, t.bn)
         lg = cfg.swizzle
         launch = LaunchConfig(grid=(m_tiles << lg, cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
@@ -239,14 +254,18 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
                 *map(i32, (p.N, p.K, p.P, p.Q, p.C, *ph.taps, i, j, *ph.pad, *ph.dil, p.H, p.W, *p.stride,
                            ph.rows.phase, ph.cols.phase, lg)))  # fmt: skip
         out.append(KernelLaunch(f"phase_{where}", entry, launch, args))
+    zh, zw = zero_masks(p)
+    if zh or zw:
+        out.append(KernelLaunch("zero", "dgrad_zero_phases", zero_launch(p)[0],
+                                (Buffer("dx"), *map(i32, (p.H, p.W, p.C, *p.stride)), u32(zh), u32(zw))))  # fmt: skip
     return out
 
 
 def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
-    """Writes per dx element (NHWC, flat) of every phase launch together: phase (φh, φw) writes
-    its GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C), or without taps the
-    rows and runs its zero-fill grid reaches, at dx pixels
-    (n, φh + sh·i, φw + sw·j). ``launch`` is the last phase's configuration (the one
+    """Writes per dx element (NHWC, flat) of every launch that writes dx: phase (φh, φw) writes its
+    GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C) at dx pixels (n, φh + sh·i,
+    φw + sw·j); ``zero`` writes, in the rows (n, h) and runs of a row its grid reaches, the
+    `zero_pixels`. ``launch`` is the last launch's configuration (the one
     `helpers.variants.Variant.with_output_launch` may change); the others come from `dgrad_launches`."""
     cfg = choose_config(p)
     t = cfg.tile
@@ -257,16 +276,16 @@ def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
         i, j = ph.pixels
         m = p.N * i * j
         where = f"{ph.rows.phase}_{ph.cols.phase}"
-        if not all(ph.taps):  # dgrad_zero_phase: block x = dx row (n, i), (block y, thread) = run of the row
-            _, per = zero_launch(p, ph)
-            gx, gy, _ = configs[f"zero_{where}"].grid
-            row_hit = np.arange(p.N * i) < gx
-            run_hit = np.arange(j * (p.C // per)) < gy * ZERO_THREADS
-            w = (row_hit[:, None] & run_hit[None, :]).astype(np.int64).repeat(per, axis=1).reshape(p.N, i, j, p.C)
-        else:
-            visits = tile_visits(configs[f"phase_{where}"].grid, cdiv(m, t.bm), cdiv(p.C, t.bn), cfg.swizzle)
-            w = gemm_writes(m, p.C, t.bm, t.bn, visits).reshape(p.N, i, j, p.C)
+        visits = tile_visits(configs[f"phase_{where}"].grid, cdiv(m, t.bm), cdiv(p.C, t.bn), cfg.swizzle)
+        w = gemm_writes(m, p.C, t.bm, t.bn, visits).reshape(p.N, i, j, p.C)
         counts[:, ph.rows.phase :: p.stride[0], ph.cols.phase :: p.stride[1], :] += w
+    if "zero" in configs:  # block x = dx row (n, h), (block y, thread) = run of the row
+        _, per = zero_launch(p)
+        gx, gy, _ = configs["zero"].grid
+        row_hit = (np.arange(p.N * p.H) < gx).reshape(p.N, p.H, 1, 1)
+        run_hit = (np.arange(p.W * (p.C // per)) < gy * ZERO_THREADS).reshape(1, 1, p.W, p.C // per)
+        hit = row_hit & run_hit & zero_pixels(p)[None, :, :, None]
+        counts += hit.astype(np.int64).repeat(per, axis=3)
     return counts.ravel()
 
 
@@ -301,4 +320,5 @@ DGRAD = register(
 )
 
 __all__ = ["CU_FILE", "DGRAD", "PhaseLaunch", "choose_config", "dgrad_iterator", "dgrad_plan", "filter_phases",
-           "instantiated", "phase_conv", "phase_gemm_problem", "simulate", "workspace_bytes"]  # fmt: skip
+           "instantiated", "phase_conv", "phase_gemm_problem", "simulate", "workspace_bytes", "zero_masks",
+           "zero_pixels"]  # fmt: skip

@@ -8,10 +8,11 @@
 // phase is an fprop over dy with stride 1, padding -o_min, dilation d', a J-tap filter, and
 // I = ceil((H - phi) / s) output rows. With stride 1 there is one phase: the filter turned around
 // (r -> R - 1 - r) with padding (R - 1)*d - pad. A phase pair (phi_h, phi_w) without a tap on an
-// axis runs with J = 0: no GEMM-K step, and its rows of dx are written as exact zeros. The phases
-// together do exactly the useful multiplications (days/day14_backward/model.py simulates them).
+// axis has no GEMM: its dx pixels are exact zeros, those of all such pairs written by one launch.
+// The phases together do exactly the useful multiplications (days/day14_backward/model.py
+// simulates them).
 //
-// Two kernels per run:
+// The kernels of a run, in launch order:
 //   dgrad_filter_phases_<dt>   w [K][R][S][C] -> the phase filters, one after another in phase
 //                              order (phi_h, phi_w) row-major, each [C][Jh][Jw][K] (GEMM-N = C
 //                              rows, GEMM-K = (jh, jw, k) contiguous: what day 13's B loads want).
@@ -22,7 +23,9 @@
 //                              m = (n, i, j) goes to dx pixel (n, phi_h + sh*i, phi_w + sw*j).
 //                              One launch per phase pair with taps (Python: days/day14_backward/dgrad.py);
 //                              with unit stride, dgrad_unit_* (day 13's dense output map).
-//   dgrad_zero_phase           the pixels of a phase pair without taps: zeros, at store bandwidth.
+//   dgrad_zero_phases          every dx pixel no tap reaches (its row's or its column's phase has
+//                              no taps): zeros, at store bandwidth, one launch for all such phases
+//                              (none when every phase has taps).
 #define IGEMM_PRODUCTION_NO_ENTRIES  // day 13's templates, not its entry points
 #include "13_igemm_production.cu"
 
@@ -132,19 +135,25 @@ struct PhaseRows {
     }
 };
 
-// Phases without taps: their dx pixels (n, fh + sh*i, fw + sw*j), i < I, j < J, are exact zeros.
-// Grid (N * I, ceil(J * runs / 256)): block x is the dx row (n, fh + sh*i); blocks y and threads walk
-// that row's J pixels of `runs` 16-byte runs (C % 8 == 0) or elements, with 32-bit index math
-// (J * runs < 2^31 and N * I < 2^31: Python checks the grid), so the stores run at bandwidth.
-extern "C" __global__ void dgrad_zero_phase(u16* __restrict__ dx, int N, int H, int W, int C, int I, int J, int sh,
-                                            int sw, int fh, int fw) {
+// Pixels no tap reaches: dx pixel (n, h, w) is an exact zero when bit (h mod sh) of zh (the
+// H-axis phases without taps) or bit (w mod sw) of zw (the W axis) is set; sh, sw <= 32 (Python
+// checks). Grid (N * H, ceil(W * runs / 256)), block 256: block x is the dx row (n, h); blocks y
+// and threads walk that row's W pixels of `runs` 16-byte runs (C % 8 == 0) or elements. A row of a
+// tap-less phase is zeroed whole; another row only at its tap-less columns, and with none (zw == 0)
+// its blocks exit at once. 32-bit index math (W * runs < 2^31 and N * H < 2^31: Python checks the
+// grid), so the stores run at bandwidth.
+extern "C" __global__ void dgrad_zero_phases(u16* __restrict__ dx, int H, int W, int C, int sh, int sw, unsigned zh,
+                                             unsigned zw) {
+    const int n = blockIdx.x / H, h = blockIdx.x - n * H;
+    const bool row_zero = zh >> (h % sh) & 1u;
+    if (!row_zero && zw == 0) return;  // a row with taps, every column with taps: nothing to write
     const bool vec = C % 8 == 0;
     const int runs = vec ? C / 8 : C;
     const int t = blockIdx.y * blockDim.x + threadIdx.x;
-    if (t >= J * runs) return;
-    const int j = t / runs, e = t - j * runs;
-    const int n = blockIdx.x / I, i = blockIdx.x - n * I;
-    u16* px = dx + (((idx_t)n * H + fh + sh * i) * W + fw + sw * j) * C;
+    if (t >= W * runs) return;
+    const int w = t / runs, e = t - w * runs;
+    if (!row_zero && !(zw >> (w % sw) & 1u)) return;  // a pixel a phase GEMM writes
+    u16* px = dx + (((idx_t)n * H + h) * W + w) * C;
     if (vec) reinterpret_cast<uint4*>(px)[e] = make_uint4(0, 0, 0, 0);
     else px[e] = 0;
 }

@@ -135,13 +135,17 @@ def test_dropped_slice_is_caught():
     assert not within_bound(p, x, dy, run(short, p, x, dy))
 
 
-def test_dropped_phase_is_caught():
-    """A planted fault: one phase of a strided dgrad is not launched; its dx rows stay NaN and
-    the check must fail (and name the NaNs)."""
+@pytest.mark.parametrize("edge, launch", [("odd H, W with stride 2", "phase_1_0"),
+                                          ("stride 3 > 1x1 filter (dx rows no tap reaches)", "zero")])  # fmt: skip
+def test_dropped_launch_is_caught(edge: str, launch: str):
+    """A planted fault: one launch of a strided dgrad is not made (a phase's GEMM, or the zero
+    launch of the pixels no tap reaches); its dx pixels stay NaN and the check must fail (and
+    name the NaNs)."""
     v = get("dgrad")
-    p = problem("odd H, W with stride 2", "dgrad")
-    dropped = dataclasses.replace(v, name="dgrad_dropped_phase",
-                                  launches_fn=lambda q, ep: [k for k in v.launches_fn(q, ep) if k.name != "phase_1_0"])
+    p = problem(edge, "dgrad")
+    assert launch in [k.name for k in v.launches(p)]
+    dropped = dataclasses.replace(v, name=f"dgrad_dropped_{launch}",
+                                  launches_fn=lambda q, ep: [k for k in v.launches_fn(q, ep) if k.name != launch])
     dy, w = p.make_inputs(device="cuda", seed=4)
     d = compare(p, dy, w, run(dropped, p, dy, w))
     assert d["nonfinite"] > 0 and not within_bound(p, dy, w, run(dropped, p, dy, w))
