@@ -23,7 +23,9 @@ instructions).
 `prepare` is the one launch path: it validates everything once (the problem, the tensors and
 operands by name, aliasing, the device), compiles every kernel once and returns a `Plan` that
 launches them on the legacy default stream (torch's default), so kernels and torch ops stay
-ordered. `run` prepares, poisons the output with NaN and launches once.
+ordered. With ``cache=True`` it keeps what the problem alone decides (launches, workspace size,
+compiled kernels) for the next call with the same variant, problem, epilogue and device, which
+then only checks its tensors and binds their pointers. `run` prepares, poisons the output with NaN and launches once.
 
 The registry is filled by the days package (`DAYS_PACKAGE`): the core imports no day module;
 `get` and `all_variants` import that package by name the first time they are asked, and its
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -385,16 +388,10 @@ def check_aliasing(out_name: str, out: torch.Tensor, reads: dict) -> None:
         )
 
 
-def _validate(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict, epilogue: Epilogue):
-    """Every check `prepare` makes before compiling, in order; returns the device facts.
-
-    Shape-level `Variant.supports` (no GPU call); the operands and epilogue this variant takes;
-    `check_tensors`; `helpers.epilogue.check_operands`; aliasing of a given output; the variant's
-    ``tensor_check_fn``; then `supports` with the device's shared-memory limit and compute
-    capability, and the current stream. Raises what `prepare` documents."""
-    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
-    if reason:
-        raise UnsupportedProblem(reason)
+def _check_call(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict, epilogue: Epilogue) -> None:
+    """The checks of one call's tensors, made on every call (cached plan or not), in order: the
+    operands and epilogue this variant takes; `check_tensors`; `helpers.epilogue.check_operands`;
+    aliasing of a given output; the variant's ``tensor_check_fn``. Raises what `prepare` documents."""
     unknown = [nm for nm, t in operands.items() if nm not in v.operands and t is not None]
     if unknown:
         takes = ", ".join(v.operands) or "none"
@@ -411,15 +408,68 @@ def _validate(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: 
         reason = v.tensor_check_fn(problem, tensors, epilogue)
         if reason:
             raise ValueError(f"{v.name}: {reason}")
+
+
+def _check_stream(device: torch.device) -> None:
+    if torch.cuda.current_stream(device).cuda_stream != 0:
+        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What `prepare` works out from the variant, the problem and the device alone: the launches,
+    the workspace's bytes and every launch's compiled kernel (`compile_launches`)."""
+
+    variant: Variant  # held, so that the id in the cache key cannot be reused while cached
+    launches: list
+    workspace_bytes: int
+    compiled: list
+
+
+def _make_static(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict,
+                 epilogue: Epilogue) -> _Static:  # fmt: skip
+    """Every check `prepare` makes before compiling, in order, then the build: shape-level
+    `Variant.supports` (no GPU call); `_check_call`; `supports` with the device's shared-memory
+    limit and compute capability; the current stream; the workspace; `compile_launches`."""
+    reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
+    if reason:
+        raise UnsupportedProblem(reason)
+    _check_call(v, problem, inputs, out, operands, epilogue)
     from . import gpu
 
     info = gpu.device_info()
     reason = v.supports(problem, smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:
         raise UnsupportedProblem(reason)
-    if torch.cuda.current_stream(inputs[0].device).cuda_stream != 0:
-        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
-    return info
+    _check_stream(inputs[0].device)
+    launches = v.launches(problem, epilogue)
+    nbytes = v.workspace_bytes(problem)
+    if nbytes <= 0 and any(isinstance(a, Buffer) and a.name == "workspace" for k in launches for a in k.args):
+        raise ValueError(f"{v.name}: a kernel passes the workspace, but workspace_fn gives {nbytes} bytes")
+    return _Static(v, launches, nbytes, compile_launches(v, launches, v.target(info.cc)))
+
+
+# Plans `prepare(..., cache=True)` made, by (id of the variant, problem, epilogue, device, the
+# kernel file's mtime and size); the oldest is dropped past PLAN_CACHE_SIZE.
+PLAN_CACHE_SIZE = 4096
+_plans: OrderedDict = OrderedDict()
+
+
+def clear_plans() -> None:
+    """Forget every plan `prepare(..., cache=True)` kept (e.g. after changing a module-level knob
+    that a variant's launches read, such as ``days.day07_general.DW_MIN_GRID``)."""
+    _plans.clear()
+
+
+def _plan_key(v: Variant, problem: Conv2dProblem, epilogue: Epilogue, inputs: tuple):
+    """The cache key of a call, or None when there is none (the first input is not a tensor:
+    the checks will say so). A kernel file edited in place gets a new key (its mtime)."""
+    if not inputs or not isinstance(inputs[0], torch.Tensor):
+        return None
+    from .compile import kernel_path
+
+    st = kernel_path(v.cu_file).stat()
+    return (id(v), problem, epilogue, inputs[0].device, st.st_mtime_ns, st.st_size)
 
 
 # ---- the launch path -------------------------------------------------------------------------
@@ -504,6 +554,7 @@ def prepare(
     *inputs: torch.Tensor,
     out: torch.Tensor | None = None,
     epilogue: Epilogue = PLAIN,
+    cache: bool = False,
     **operands: torch.Tensor | None,
 ) -> tuple[Plan, torch.Tensor]:
     """Validate, compile and return ``(plan, out)``: a `Plan` that launches once, and the output.
@@ -515,11 +566,18 @@ def prepare(
             problem's layout and dtype, contiguous, on one CUDA device.
         out: the output (fprop: y), or None to allocate one (not poisoned: see `run`).
         epilogue: a fused `helpers.epilogue.Epilogue` (variants with ``fused_epilogue``).
+        cache: keep what the variant, the problem and the device decide (the launches, the
+            workspace's size, the compiled kernels) and reuse it on the next call with the same
+            variant object, problem, epilogue and device, so that call only checks its tensors
+            and binds their pointers (what a model's training step wants: the same layers every
+            step). A module-level knob that a variant's launches read is read when the plan is
+            first made: `clear_plans` forgets the plans.
         operands: the epilogue operands by name (``cin``, ``bias``; the variant's ``operands``);
             ``cin`` may be ``out`` itself (an in-place update).
 
     Everything that can be wrong is checked before any launch, and bad tensors and unsupported
-    shapes before any GPU call (see `_validate`'s order).
+    shapes before any GPU call (see `_make_static`'s order); the tensors on every call, cached
+    or not (`_check_call`).
 
     Raises:
         TypeError, ValueError: see `check_tensors` and `helpers.epilogue.check_operands`;
@@ -536,21 +594,27 @@ def prepare(
     bad = [nm for nm in operands if nm not in OPERANDS]
     if bad:
         raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")
-    info = _validate(v, problem, inputs, out, operands, epilogue)
-    launches = v.launches(problem, epilogue)
-    nbytes = v.workspace_bytes(problem)
-    if nbytes <= 0 and any(isinstance(a, Buffer) and a.name == "workspace" for k in launches for a in k.args):
-        raise ValueError(f"{v.name}: a kernel passes the workspace, but workspace_fn gives {nbytes} bytes")
-    compiled = compile_launches(v, launches, v.target(info.cc))  # before anything is allocated
+    key = _plan_key(v, problem, epilogue, inputs) if cache else None
+    static = _plans.get(key) if key is not None else None
+    if static is not None:
+        _check_call(v, problem, inputs, out, operands, epilogue)
+        _check_stream(inputs[0].device)
+        _plans.move_to_end(key)
+    else:
+        static = _make_static(v, problem, inputs, out, operands, epilogue)  # before anything is allocated
+        if key is not None:
+            _plans[key] = static
+            while len(_plans) > PLAN_CACHE_SIZE:
+                _plans.popitem(last=False)
     device = inputs[0].device
     if out is None:
         out = torch.empty(problem.tensor_shape(problem.output), dtype=problem.torch_dtype, device=device)
+    nbytes = static.workspace_bytes
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
     tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, "workspace": workspace,
                **{nm: None for nm in v.operands}, **operands}  # fmt: skip
-    kernels = bind(compiled, tensors)
+    kernels = bind(static.compiled, tensors)
     return Plan(kernels, workspace, tensors), out
-
 
 def run(
     variant: str | Variant,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -404,6 +405,63 @@ def test_prepare_refuses_aliasing_outputs(stand_in_gpu):
     with pytest.raises(ValueError, match="y overlaps x in memory"):
         prepare(v, p, x, w, out=x)
     prepare(v, p, x, w, out=torch.empty(p.y_shape))
+
+
+def test_prepare_cache_reuses_the_plan_and_checks_tensors_every_call(stand_in_gpu, monkeypatch):
+    """With ``cache=True`` a second call on the same variant, problem, epilogue and device builds
+    nothing and asks the variant for no launches, yet checks its tensors and binds their own
+    pointers; another problem, another variant object, an edited kernel file or `clear_plans`
+    make a new plan, and ``cache=False`` always does."""
+    from helpers import variants as hv
+
+    calls, built = stand_in_gpu
+    base = get("wgrad")  # two launches (main loop, reduction) and a workspace
+    asked = []
+
+    def counted(p, ep):
+        asked.append(p)
+        return base.launches_fn(p, ep)
+
+    v = replace(base, name="wgrad[counted]", launches_fn=counted)
+    p = Conv2dProblem(N=4, C=16, H=28, W=28, K=16, R=3, S=3, padding=1, dtype="fp16", layout="NHWC", op="wgrad")
+    x, dy = p.make_inputs()
+    assert v.workspace_bytes(p) > 0
+    hv.clear_plans()
+    plan, dw = prepare(v, p, x, dy, cache=True)
+    first_builds, first_asks = len(built), len(asked)
+    assert first_builds == len(v.launches(p)) and first_asks > 0
+    del asked[first_asks:]
+    x2, dy2 = p.make_inputs()
+    plan2, dw2 = prepare(v, p, x2, dy2, cache=True)
+    assert len(built) == first_builds and len(asked) == first_asks  # nothing rebuilt, no launches asked
+    assert dw2.data_ptr() != dw.data_ptr() and plan2.workspace.numel() == plan.workspace.numel()
+    plan2()
+    assert int(calls[0][1][0]) == x2.data_ptr() and int(calls[0][1][1]) == dy2.data_ptr()  # this call's pointers
+    with pytest.raises(ValueError, match="dy must have shape"):  # tensors are checked on a hit too
+        prepare(v, p, x2, dy2[:1], cache=True)
+    with pytest.raises(ValueError, match="dw overlaps x"):
+        prepare(v, p, x2, dy2, out=x2.view(-1)[: dw.numel()].view(dw.shape), cache=True)
+    misses = [
+        lambda: prepare(v, replace(p, N=3, name=""), *replace(p, N=3, name="").make_inputs(), cache=True),
+        lambda: prepare(replace(v), p, x2, dy2, cache=True),  # an equal copy is another variant
+        lambda: prepare(v, p, x2, dy2),  # no cache: planned afresh
+    ]
+    for make in misses:
+        n = len(built)
+        make()
+        assert len(built) > n
+    n = len(built)
+    hv.clear_plans()
+    prepare(v, p, x2, dy2, cache=True)
+    assert len(built) > n
+    n = len(built)
+    from helpers.compile import kernel_path
+
+    st = kernel_path(v.cu_file).stat()
+    monkeypatch.setattr("helpers.compile.kernel_path", lambda cu: SimpleNamespace(
+        stat=lambda: SimpleNamespace(st_mtime_ns=st.st_mtime_ns + 1, st_size=st.st_size)))  # fmt: skip
+    prepare(v, p, x2, dy2, cache=True)  # the kernel file changed: a new plan
+    assert len(built) > n
 
 
 def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkeypatch):

@@ -11,6 +11,7 @@ CUDA device. `conv2d` is the function a model calls; `Stem`, `Bottleneck`, `make
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,19 +39,26 @@ def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: st
         raise TypeError(f"conv2d takes fp16 or bf16 x and w of one dtype; got {x.dtype} and {w.dtype}")
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"conv2d takes 4-D x (N, C, H, W) and w (K, C, R, S); got {tuple(x.shape)}, {tuple(w.shape)}")
-    n, c, h, wd = x.shape
-    k, c2, r, s = w.shape
-    if c2 != c:
-        raise ValueError(f"w has {c2} input channels, x has {c}: groups = 1 only")
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w has {w.shape[1]} input channels, x has {x.shape[1]}: groups = 1 only")
+    conv = [tuple(a) if isinstance(a, list) else a for a in (stride, padding, dilation)]  # hashable
+    return _problem_of(tuple(x.shape), tuple(w.shape), *conv, DTYPES[x.dtype], op)
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem_of(x_shape, w_shape, stride, padding, dilation, dtype: str, op: str) -> Conv2dProblem:
+    """The problem of one call, made once per layer (a training step asks for the same ones every step)."""
+    (n, c, h, wd), (k, _, r, s) = x_shape, w_shape
     return Conv2dProblem(N=n, C=c, H=h, W=wd, K=k, R=r, S=s, stride=stride, padding=padding, dilation=dilation,
-                         dtype=DTYPES[x.dtype], layout="NHWC", op=op)  # fmt: skip
+                         dtype=dtype, layout="NHWC", op=op)  # fmt: skip
 
 
 def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One run of ``variant`` on the logical tensors a, b; the output as a logical channels_last view.
-    No synchronisation: the kernels queue on the default stream behind and before torch's ops."""
+    No synchronisation: the kernels queue on the default stream behind and before torch's ops.
+    The plan is cached: from the second call of a layer on, only the tensors are checked."""
     with gpu.thread_context():  # autograd calls backward on a thread of its own
-        plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b))
+        plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b), cache=True)
         plan()
     return p.to_logical(out)
 
