@@ -226,3 +226,18 @@ def test_a_launch_from_another_thread_works():
     t.start()
     t.join()
     assert "dx" in got and bitwise_equal(got["dx"], want)
+
+
+@pytest.mark.parametrize("name", ["dgrad", "wgrad"])
+def test_a_cached_plan_runs_on_new_tensors(name: str):
+    """`prepare(..., cache=True)` the second time reuses the plan but binds the new call's tensors:
+    its output is bitwise that of an uncached run on those tensors, not the first call's."""
+    p = problem("strided 1x1, ResNet-style", name)
+    a, b = p.make_inputs(device="cuda", seed=1), p.make_inputs(device="cuda", seed=2)
+    plan, out_a = prepare(name, p, *a, cache=True)
+    plan()
+    plan, out_b = prepare(name, p, *b, cache=True)
+    out_b.fill_(float("nan"))
+    plan()
+    want = run(name, p, *b)
+    assert bitwise_equal(out_b, want) and not bitwise_equal(out_a, want)
