@@ -8,6 +8,8 @@
 #                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
 #                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
+#   benchmarks/device_session.sh tune [SUITE ...]   # day 15's CSVs: a cold tune with the exhaustive sweep of
+#                                                   # resnet50, a warm rerun, then each SUITE (default: outside) cold
 #
 # e.g. after the day 12 / day 13 split (day 12 = igemm_pipelined, day 13 = igemm_production):
 #   benchmarks/device_session.sh tests tests/gpu/test_pipelined_gpu.py tests/gpu/test_production_gpu.py
@@ -19,7 +21,7 @@
 # ends by packing them with the logs into $OUT/<part>.tar.gz. Exit status: 1 if any command failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: benchmarks/device_session.sh tests|sanitize|bench|notebooks [notebooks...]}
+part=${1:?usage: benchmarks/device_session.sh tests|sanitize|bench|notebooks|tune [...]}
 shift
 out=${OUT:-out}
 mkdir -p "$out"
@@ -68,12 +70,23 @@ case "$part" in
   notebooks)
     step notebooks python3 -m benchmarks.notebooks "$@"
     ;;
+  tune)
+    cache="$out/tune_cache.json"
+    rm -f "$cache"
+    step tune_resnet50 python3 -m benchmarks.tune --suite resnet50 --exhaustive --cache "$cache" --no-progress
+    step tune_resnet50_warm python3 -m benchmarks.tune --suite resnet50 --cache "$cache" --no-cudnn --no-progress \
+      --out "$out/warm"
+    for s in "${@:-outside}"; do
+      step "tune_$s" python3 -m benchmarks.tune --suite "$s" --cache "$cache" --no-progress
+    done
+    ;;
   *)
-    echo "unknown part $part: tests, sanitize, bench or notebooks" >&2
+    echo "unknown part $part: tests, sanitize, bench, notebooks or tune" >&2
     exit 2
     ;;
 esac
 tar -czf "$out/$part.tar.gz" "$out"/*.log $( [ -f "$out/pytest.xml" ] && echo "$out/pytest.xml" ) \
+  $( [ -d "$out/warm" ] && echo "$out/warm" ) $( [ -f "$out/tune_cache.json" ] && echo "$out/tune_cache.json" ) \
   benchmarks/results notebooks 2>/dev/null
 echo "packed $out/$part.tar.gz; status $status"
 exit $status

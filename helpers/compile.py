@@ -95,10 +95,8 @@ def load_kernel(
     from pycuda.compiler import SourceModule
 
     info = gpu.device_info()
-    path = kernel_path(cu_file)
-    src = path.read_text()
     arch = arch or info.arch
-    key = (str(path), src, tuple(sorted((defines or {}).items())), arch)
+    key, src = _module_key(cu_file, defines, arch)
     mod = _modules.get(key)
     if mod is None:
         mod = SourceModule(
@@ -127,11 +125,101 @@ def load_kernel(
     )
 
 
+def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple[tuple, str]:
+    """(the in-process module cache's key: file, its source, defines, arch; the source)."""
+    path = kernel_path(cu_file)
+    src = path.read_text()
+    return (str(path), src, tuple(sorted((defines or {}).items())), arch), src
+
+
+def is_built(cu_file: str, defines: dict | None, arch: str | None = None) -> bool:
+    """Whether `load_kernel` already holds this build in this process (for any arch if None)."""
+    key, _ = _module_key(cu_file, defines, arch or "")
+    if arch is not None:
+        return key in _modules
+    return any(k[:3] == key[:3] for k in _modules)
+
+
+def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | None = None) -> float:
+    """Compile every ``(cu_file, defines)`` of ``jobs`` for ``arch`` at once, ``workers`` nvcc
+    processes in parallel (default: one per CPU core), and load them into `load_kernel`'s cache,
+    so its later calls for these builds return at once. Jobs already built are skipped; pycuda's
+    disk cache answers repeats across processes. A job that fails to build is left out: the
+    `load_kernel` call that needs it builds it again and raises the compiler's error there.
+    Returns the wall seconds spent.
+
+    Raises:
+        NoGPUError: no GPU or no pycuda (the modules are loaded into the device's context).
+    """
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import gpu
+
+    gpu.init()
+    import pycuda.driver as drv
+    from pycuda.compiler import compile as nvcc_cubin
+
+    t0 = time.perf_counter()
+    todo = {}
+    for cu_file, defines in jobs:
+        key, src = _module_key(cu_file, defines, arch)
+        if key not in _modules:
+            todo[key] = (src, defines)
+
+    def build(item):
+        src, defines = item
+        try:
+            return nvcc_cubin(src, options=NVCC_OPTIONS + define_flags(defines), no_extern_c=True, arch=arch,
+                              include_dirs=[str(KERNEL_DIR)])  # fmt: skip
+        except Exception:  # noqa: BLE001 - reported by the load_kernel that needs it
+            return None
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:  # nvcc runs outside the GIL
+        cubins = list(pool.map(build, todo.values()))
+    for key, cubin in zip(todo, cubins):
+        if cubin is not None:
+            _modules[key] = drv.module_from_buffer(cubin)  # loading needs the context: on this thread
+    return time.perf_counter() - t0
+
+
+def source_hash(cu_file: str) -> str:
+    """SHA-256 (hex) of ``cu_file`` and every file of ``kernels/conv2d`` it includes, recursively
+    (``#include "..."``): what a cached result of this kernel depends on."""
+    import hashlib
+
+    seen: list[Path] = []
+    todo = [kernel_path(cu_file)]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M):
+            if (KERNEL_DIR / inc).is_file():
+                todo.append(KERNEL_DIR / inc)
+    h = hashlib.sha256()
+    for path in sorted(seen):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 # ---- nvcc without a GPU ----------------------------------------------------------------------
 
 
 def nvcc_available() -> bool:
     return shutil.which("nvcc") is not None
+
+
+@functools.cache
+def nvcc_version() -> str:
+    """nvcc's release line (e.g. ``"Cuda compilation tools, release 13.0, V13.0.48"``), or
+    ``"none"`` without nvcc."""
+    if not nvcc_available():
+        return "none"
+    out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    return next((ln.strip() for ln in out.splitlines() if "release" in ln), out.strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@
 * ``resnet50``: the 19 distinct fprop layers of ResNet-50 (the workload table of the CUTLASS
   conv2d profiler thread in ``shared/seeds``), at N=32 and N=256;
 * ``depthwise``: MobileNet-style 3×3 depthwise layers at N=32 (C = K = groups);
-* ``edge``: the shapes that break kernels (design.md, "Edge suite").
+* ``edge``: the shapes that break kernels (design.md, "Edge suite");
+* ``outside``: layers of other networks (VGG-16, MobileNet-v1's pointwise layers, U-Net, detector
+  heads) and ResNet-50 at N = 1 and 8: the problems no rule of the series was fitted on, where
+  day 15 judges its tuner against those rules.
 """
 
 from __future__ import annotations
@@ -108,7 +111,32 @@ def edge() -> list[P]:
     ]
 
 
-SUITES = {"quick": quick, "seed": seed, "resnet50": resnet50, "depthwise": depthwise, "edge": edge}
+# (N, C, H, W, K, R, pad, stride) of other networks' layers, for `outside`.
+OTHER_LAYERS = [
+    # VGG-16 at 224 x 224, N = 8: the 3x3 layers of each stage (the first, C = 3, included)
+    (8, 3, 224, 224, 64, 3, 1, 1), (8, 64, 224, 224, 64, 3, 1, 1), (8, 64, 112, 112, 128, 3, 1, 1),
+    (8, 128, 112, 112, 128, 3, 1, 1), (8, 128, 56, 56, 256, 3, 1, 1), (8, 256, 56, 56, 256, 3, 1, 1),
+    (8, 256, 28, 28, 512, 3, 1, 1), (8, 512, 28, 28, 512, 3, 1, 1), (8, 512, 14, 14, 512, 3, 1, 1),
+    # MobileNet-v1 at 224 x 224, N = 16: the pointwise (1x1) layers
+    (16, 32, 112, 112, 64, 1, 0, 1), (16, 64, 56, 56, 128, 1, 0, 1), (16, 128, 56, 56, 128, 1, 0, 1),
+    (16, 128, 28, 28, 256, 1, 0, 1), (16, 256, 28, 28, 256, 1, 0, 1), (16, 256, 14, 14, 512, 1, 0, 1),
+    (16, 512, 14, 14, 512, 1, 0, 1), (16, 512, 7, 7, 1024, 1, 0, 1), (16, 1024, 7, 7, 1024, 1, 0, 1),
+    # U-Net at 256 x 256, N = 4: encoder 3x3 layers and a decoder layer after its concatenation
+    (4, 64, 256, 256, 64, 3, 1, 1), (4, 128, 128, 128, 128, 3, 1, 1), (4, 256, 64, 64, 256, 3, 1, 1),
+    (4, 512, 32, 32, 512, 3, 1, 1), (4, 1024, 16, 16, 1024, 3, 1, 1), (4, 1024, 32, 32, 512, 3, 1, 1),
+    # detectors, N = 2: FPN 3x3 at 1/8 and 1/16 of 800 x 1216, a RetinaNet head, a stride-2 downsampling
+    (2, 256, 100, 152, 256, 3, 1, 1), (2, 256, 50, 76, 256, 3, 1, 1), (2, 256, 25, 38, 256, 3, 1, 1),
+    (8, 128, 104, 104, 256, 3, 1, 2),
+]  # fmt: skip
+
+
+def outside() -> list[P]:
+    other = [P(N=n, C=c, H=h, W=w, K=k, R=r, S=r, padding=pad, stride=s) for n, c, h, w, k, r, pad, s in OTHER_LAYERS]
+    return other + resnet50(batches=(1, 8))
+
+
+SUITES = {"quick": quick, "seed": seed, "resnet50": resnet50, "depthwise": depthwise, "edge": edge,
+          "outside": outside}  # fmt: skip
 
 
 def suite(name: str, dtype: str | None = None, layout: str | None = None, op: str | None = None) -> list[P]:

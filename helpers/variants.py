@@ -89,12 +89,19 @@ class Buffer:
 class KernelLaunch:
     """One kernel launch of a variant: ``entry`` with ``config`` on ``args`` (in the kernel's
     order: `Buffer` for pointers, numpy scalars for values). ``name`` labels it in a `Plan`
-    (``"main"`` for one-kernel variants)."""
+    (``"main"`` for one-kernel variants). ``defines``: ``(name, value)`` pairs added to the
+    variant's own ``defines`` for this launch's build (e.g. the one tile a tuner's candidate
+    compiles alone)."""
 
     name: str
     entry: str
     config: LaunchConfig
     args: tuple
+    defines: tuple = ()
+
+    def build_defines(self, variant: Variant) -> dict:
+        """The ``-D`` defines this launch's kernel is built with: the variant's, then its own."""
+        return {**variant.defines, **dict(self.defines)}
 
 
 @dataclass(frozen=True)
@@ -511,7 +518,7 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
 
     out = []
     for k in launches:
-        kern = load_kernel(v.cu_file, k.entry, v.defines, dynamic_smem=k.config.shared_bytes, arch=arch)
+        kern = load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch)
         if k.config.threads_per_block > kern.max_threads_per_block:
             raise UnsupportedProblem(
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
@@ -615,6 +622,7 @@ def prepare(
                **{nm: None for nm in v.operands}, **operands}  # fmt: skip
     kernels = bind(static.compiled, tensors)
     return Plan(kernels, workspace, tensors), out
+
 
 def run(
     variant: str | Variant,

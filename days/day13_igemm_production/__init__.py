@@ -27,6 +27,7 @@ iterators, threadblock swizzle ``GemmIdentityThreadblockSwizzle``, ``LinearCombi
 epilogue) and ``docs/efficient_gemm.md`` (software pipelining through shared memory).
 """
 
+from . import space  # noqa: F401 - registers day 15's search space for igemm_production
 from .rule import (
     FEW_CHANNELS_MAX_C,
     ITERATORS,
@@ -49,6 +50,7 @@ from .tiles import (
     TileDescription,
     read_entries,
     tiles_for,
+    tune_defines,
 )
 from .variant import config_reason, covers, int32_walk_reason, make_production, production_launches, tensor_check
 
@@ -57,4 +59,5 @@ __all__ = [
     "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "ProductionConfig", "TileDescription", "blocks", "choose",
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
     "iterator_reason", "make_production", "production_launches", "read_entries", "tensor_check", "tiles_for",
+    "tune_defines",
 ]  # fmt: skip

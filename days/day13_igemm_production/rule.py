@@ -85,11 +85,13 @@ def choose_swizzle(p: Conv2dProblem, tile: TileDescription) -> int:
 
 @dataclass(frozen=True)
 class ProductionConfig:
-    """What one launch runs: a tile description, an iterator and a swizzle (log2)."""
+    """What one launch runs: a tile description, an iterator and a swizzle (log2); ``alone``: the
+    tile is built by itself (`tune_defines`: any valid optimized tile, instantiated or not)."""
 
     tile: TileDescription
     iterator: str
     swizzle: int
+    alone: bool = False
 
     def entry(self, dtype: str) -> str:
         return f"igemm_production_{self.tile.name}_{self.iterator}_{dtype}"

@@ -97,11 +97,12 @@ class TileDescription:
             (self.accumulators_per_thread <= 64 and reg_cap >= 160) or (reg_cap >= 255 and chunk_rows <= 16)
         )
 
-    def reason(self, smem_limit: int = MAX_SMEM_PER_BLOCK) -> str | None:
+    def reason(self, smem_limit: int = MAX_SMEM_PER_BLOCK, instantiated: bool = True) -> str | None:
         """None if the kernel can be built and launched with this description, else why not.
 
-        The rules are the kernel's static_asserts and launch limits, then whether
-        ``13_igemm_production.cu`` instantiates it (`TILES`)."""
+        The rules are the kernel's static_asserts and launch limits, then (with
+        ``instantiated``) whether ``13_igemm_production.cu`` instantiates it (`TILES`); a tile
+        built alone (`tune_defines`) needs only the rules."""
         im, inn, ik = INSTRUCTION
         if tuple(self.instruction) != INSTRUCTION:
             return f"instruction shape {self.instruction}: the kernel issues mma.sync m{im}n{inn}k{ik} only"
@@ -146,7 +147,7 @@ class TileDescription:
             )
         if self.shared_bytes > smem_limit:
             return f"needs {self.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
-        if self.name not in TILES:
+        if instantiated and self.name not in TILES:
             return f"{CU_FILE} has no entry point for {self.name}; instantiated: {', '.join(TILES)}"
         return None
 
@@ -169,3 +170,11 @@ TILES = tuple(INSTANTIATED)
 def tiles_for(iterator: str) -> tuple[TileDescription, ...]:
     """The tile descriptions instantiated with ``iterator``."""
     return tuple(TileDescription.parse(t) for t, its in INSTANTIATED.items() if iterator in its)
+
+
+def tune_defines(tile: TileDescription, dtype: str) -> dict:
+    """The ``-D`` defines that build ``tile`` alone (optimized iterator, one dtype: fp16 or bf16),
+    the ``PIPE_TUNE_*`` block of ``13_igemm_production.cu``; its entry is named as an instantiated one."""
+    return {"PIPE_TUNE_BM": tile.bm, "PIPE_TUNE_BN": tile.bn, "PIPE_TUNE_BK": tile.bk, "PIPE_TUNE_WGM": tile.warps_m,
+            "PIPE_TUNE_WGN": tile.warps_n, "PIPE_TUNE_ST": tile.stages, "PIPE_TUNE_MINB": tile.min_blocks,
+            "PIPE_TUNE_BF16": int(dtype == "bf16")}  # fmt: skip

@@ -7,6 +7,7 @@ one with any choice forced, and the registered ``igemm_production`` is the autom
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..kit import (
     tile_visits,
 )
 from .rule import ITERATORS, ProductionConfig, choose, iterator_reason
-from .tiles import CU_FILE, INSTANTIATED, TileDescription
+from .tiles import CU_FILE, INSTANTIATED, TileDescription, tune_defines
 
 
 def config_reason(p: Conv2dProblem, cfg: ProductionConfig) -> str | None:
@@ -36,13 +37,15 @@ def config_reason(p: Conv2dProblem, cfg: ProductionConfig) -> str | None:
     reason = groups_one_reason(p) or implicit_gemm_int32_reason(p) or int32_walk_reason(p, cfg.tile.bk)
     if reason:
         return reason
-    reason = cfg.tile.reason(smem_limit=2**31)  # the device's limit is checked in `Variant.supports`
+    reason = cfg.tile.reason(smem_limit=2**31, instantiated=not cfg.alone)  # the device's limit: `Variant.supports`
     if reason:
         return f"tile {cfg.tile.name}: {reason}"
     reason = iterator_reason(p, cfg.iterator)
     if reason:
         return reason
-    if cfg.iterator not in INSTANTIATED[cfg.tile.name]:
+    if cfg.alone and cfg.iterator != "optimized":
+        return f"a tile built alone uses the optimized iterator; this problem needs {cfg.iterator}"
+    if not cfg.alone and cfg.iterator not in INSTANTIATED[cfg.tile.name]:
         why_not = "; ".join(
             f"{it}: {r}" for it in INSTANTIATED[cfg.tile.name] if (r := iterator_reason(p, it)) is not None
         )
@@ -78,7 +81,8 @@ def production_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: ProductionCon
     relu and swz_log, the swizzle (int32)."""
     args = pack(p, f"x w y {FULL_SIZES} cin bias alpha beta relu swz_log", **scalars(epilogue),
                 swz_log=np.int32(cfg.swizzle))  # fmt: skip
-    return [KernelLaunch("main", cfg.entry(p.dtype), cfg.launch(p), args)]
+    defines = tuple(sorted(tune_defines(cfg.tile, p.dtype).items())) if cfg.alone else ()
+    return [KernelLaunch("main", cfg.entry(p.dtype), cfg.launch(p), args, defines)]
 
 
 def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: ProductionConfig) -> np.ndarray:
@@ -107,8 +111,11 @@ def make_production(
     tile: TileDescription | str | None = None,
     iterator: str | None = None,
     swizzle: int | None = None,
+    alone: bool = False,
 ) -> Variant:
     """A day-13 variant (not registered) with any of tile, iterator, swizzle forced; None = `choose`.
+    With ``alone`` the forced tile (optimized iterator) is built by itself (`tune_defines`), so it
+    need not be one of the ``.cu`` file's entries: how day 15's tuner tries any valid tile.
 
     Raises:
         ValueError: a forced tile that is invalid or not instantiated (the reason says which), an
@@ -116,22 +123,27 @@ def make_production(
             or a swizzle outside 0..4. Problems the forced choice cannot run are refused per problem
             by `Variant.supports`, with the reason.
     """
+    if alone and (tile is None or iterator not in (None, "optimized")):
+        raise ValueError("alone builds one forced tile with the optimized iterator: pass tile= (and no other iterator)")
     if tile is not None:
         t = TileDescription.parse(tile) if isinstance(tile, str) else tile
-        reason = t.reason()
+        reason = t.reason(instantiated=not alone)
         if reason:
             raise ValueError(f"tile {t.name}: {reason}")
         tile = t
     if iterator is not None and iterator not in ITERATORS:
         raise ValueError(f"iterator {iterator!r}: choose one of {', '.join(ITERATORS)}")
-    if tile is not None and iterator is not None and iterator not in INSTANTIATED[tile.name]:
+    if alone:
+        iterator = "optimized"
+    elif tile is not None and iterator is not None and iterator not in INSTANTIATED[tile.name]:
         raise ValueError(
             f"tile {tile.name} is not instantiated with the {iterator} iterator; "
             f"it is with: {', '.join(INSTANTIATED[tile.name])}"
         )
     if swizzle is not None and not 0 <= swizzle <= 4:
         raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
-    pick: Callable[[Conv2dProblem], ProductionConfig] = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
+    chosen = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
+    pick: Callable[[Conv2dProblem], ProductionConfig] = (lambda p: replace(chosen(p), alone=True)) if alone else chosen
     forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
                        (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)  # fmt: skip
     return Variant(
@@ -139,7 +151,7 @@ def make_production(
         day=13,
         cu_file=CU_FILE,
         summary="the production kernel: cp.async pipeline, tile descriptions, three iterators, swizzle, fused epilogue"
-        + (f" ({forced})" if forced else ""),
+        + (f" ({forced}{', built alone' if alone else ''})" if forced else ""),
         supports_fn=lambda p: config_reason(p, pick(p)),
         launches_fn=lambda p, ep: production_launches(p, ep, pick(p)),
         covers_fn=lambda p, launch: covers(p, launch, pick(p)),

@@ -686,9 +686,22 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16) \
     PIPE_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, true, bf16)
 
+// One tile alone, for day 15's tuner: -DPIPE_TUNE_BM=.. -DPIPE_TUNE_BN=.. (and _BK, _WGM, _WGN,
+// _ST, _MINB, _BF16 = 0 or 1) builds only that optimized tile in one dtype, named as the entries
+// below, so each candidate of a search compiles in seconds and many compile at once. (PIPE_TUNE
+// passes the values through one more macro so they are expanded before ## pastes the name.)
+#define PIPE_TUNE_ENTRY(...) PIPE_ENTRY_T(__VA_ARGS__)
+#if defined(PIPE_TUNE_BM) && PIPE_TUNE_BF16
+PIPE_TUNE_ENTRY(PIPE_TUNE_BM, PIPE_TUNE_BN, PIPE_TUNE_BK, PIPE_TUNE_WGM, PIPE_TUNE_WGN, PIPE_TUNE_ST, PIPE_TUNE_MINB,
+                OPTIMIZED, optimized, true, bf16)
+#elif defined(PIPE_TUNE_BM)
+PIPE_TUNE_ENTRY(PIPE_TUNE_BM, PIPE_TUNE_BN, PIPE_TUNE_BK, PIPE_TUNE_WGM, PIPE_TUNE_WGN, PIPE_TUNE_ST, PIPE_TUNE_MINB,
+                OPTIMIZED, optimized, false, fp16)
+#endif
+
 // PIPE_ENTRIES (days/day13_igemm_production/tiles.py reads this list; keep one entry per line).
 // A file that includes this one for its templates (day 14's dgrad) defines IGEMM_PRODUCTION_NO_ENTRIES.
-#ifndef IGEMM_PRODUCTION_NO_ENTRIES
+#if !defined(IGEMM_PRODUCTION_NO_ENTRIES) && !defined(PIPE_TUNE_BM)
 PIPE_ENTRY(128, 128, 32, 2, 2, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 1, OPTIMIZED, optimized)
 PIPE_ENTRY(128, 128, 32, 2, 4, 4, 2, OPTIMIZED, optimized)

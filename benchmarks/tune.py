@@ -1,0 +1,170 @@
+"""python -m benchmarks.tune: tune variants per problem of a suite, against the fitted rule and cuDNN.
+
+    python -m benchmarks.tune --suite resnet50 --dtype fp16 --layout NHWC            # every tunable variant
+    python -m benchmarks.tune --suite outside --variants igemm_production --budget 120
+    python -m benchmarks.tune --suite resnet50 --exhaustive                          # also the full sweep
+
+For each tunable variant (`helpers.tune.SPACES`) and each problem it runs `helpers.tune.tune`
+(model pruning, parallel builds, short timings with early stopping, the winner re-timed), with the
+cache at ``--cache`` (default `helpers.tune.default_cache_path`; ``--cold`` starts from an empty
+one in a temporary file, so the run measures a cold search). Then, unless ``--no-cudnn``: cuDNN's
+time on the problem (benchmark mode, channels_last; TF32 off for fp32), the wall time of its
+first call (its own benchmark-mode search plus one run) and the kernels it launched (torch's
+profiler). Writes ``benchmarks/results/<gpu>/tune_<suite>_<variant>_<dtype>_<layout>.csv``, one
+row per problem, with the versions (and with ``--exhaustive`` the sweep itself, one row per
+problem and configuration, in ``..._sweep.csv``), and prints the summary (geomean x cuDNN of the tuned choice
+and of the rule; with ``--exhaustive`` the tuned time over the sweep's best).
+Exit status: 0 if every problem was tuned, 1 if any faulted or ran over the budget, 2 without a
+GPU or on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from helpers.suites import SUITES
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suite", default="resnet50", choices=sorted(SUITES), help="problem suite (default: resnet50)")
+    ap.add_argument("--variants", nargs="+", default=None, help="tunable variants (default: every one)")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="dtype (default: fp16)")
+    ap.add_argument("--layout", default="NHWC", choices=["NHWC"], help="layout (default: NHWC)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per variant; later problems are left")
+    ap.add_argument("--keep", type=int, default=None, help="candidates timed after pruning (default: tune.KEEP)")
+    ap.add_argument("--exhaustive", action="store_true", help="also time every candidate (the best_ms column)")
+    ap.add_argument("--cache", type=Path, default=None, help="cache file (default: tune.default_cache_path())")
+    ap.add_argument("--cold", action="store_true", help="start from an empty cache (a temporary file)")
+    ap.add_argument("--no-cudnn", action="store_true", help="do not time cuDNN")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<gpu>)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap.parse_args(argv)
+
+
+def cudnn_columns(p) -> dict:
+    """cuDNN on ``p``: ``cudnn_first_s`` (wall seconds of the first call in this process, which
+    runs benchmark mode's search), ``cudnn_ms`` (median, `helpers.timing.time_gpu`) and
+    ``cudnn_kernels`` (the CUDA kernels of one call, from torch's profiler, ``;``-joined)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from helpers.bench import cudnn_fp32_ieee, cudnn_launcher
+    from helpers.timing import time_gpu
+
+    a, b = p.make_inputs(device="cuda", seed=1)
+    with cudnn_fp32_ieee():
+        launch = cudnn_launcher(p, a, b)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        t = time_gpu(launch)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            launch()
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"cudnn_ms": t.ms_p50, "cudnn_first_s": first_s, "cudnn_kernels": ";".join(dict.fromkeys(names))}
+
+
+def write_sweep(df, path: Path) -> None:
+    """The exhaustive sweep, one row per (problem, configuration): ``model_us`` (the model's
+    prediction) and ``ms`` (measured; NaN for a disagreeing or faulting configuration)."""
+    import pandas as pd
+
+    rows = [{"problem": prob, "config": cfg, "model_us": round(m, 3), "ms": float(f"{ms:.4g}")}
+            for prob, sw in zip(df.problem, df.sweep) if isinstance(sw, dict)
+            for cfg, (m, ms) in sw.items()]  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def summary(df) -> dict:
+    """Geomeans over the tuned rows: x cuDNN of the tuned choice and of the rule, tuned over
+    exhaustive best (with ``best_ms``), and the summed tuning seconds."""
+    ok = df[df.status == "ok"]
+
+    def geo(s) -> float:
+        s = s.dropna()
+        return float(math.exp(sum(math.log(v) for v in s) / len(s))) if len(s) else math.nan
+
+    out = {"problems": len(df), "tuned": len(ok), "tune_s": float(ok.tune_s.sum())}
+    if "cudnn_ms" in ok:
+        out["tuned_x_cudnn"] = geo(ok.cudnn_ms / ok.ms)
+        out["rule_x_cudnn"] = geo(ok.cudnn_ms / ok.rule_ms)
+    if "best_ms" in ok:
+        out["tuned_over_best"] = geo(ok.best_ms / ok.ms)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from helpers import gpu, tune
+    from helpers.suites import suite
+
+    try:
+        spaces = [tune.space_of(v) for v in args.variants] if args.variants else None
+    except KeyError as e:
+        print(f"python -m benchmarks.tune: {e.args[0]}", file=sys.stderr)
+        return 2
+    if not gpu.has_gpu():
+        print("python -m benchmarks.tune needs an NVIDIA GPU: torch sees no CUDA device here.", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    if spaces is None:
+        tune.space_of("igemm_production")  # imports the days package: every space registers
+        spaces = list(tune.SPACES.values())
+    ver = gpu.versions()
+    out_dir = args.out or RESULTS / gpu.gpu_slug(ver["gpu"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory() if args.cold else None
+    cache = tune.TuneCache(Path(tmp.name) / "tune.json" if tmp else args.cache)
+    problems = suite(args.suite, dtype=args.dtype, layout=args.layout)
+    status = 0
+    for space in spaces:
+        t0 = time.perf_counter()
+        keep = args.keep or tune.KEEP
+        df = tune.tune(space.variant, problems, cache, keep=keep, exhaustive=args.exhaustive,
+                       budget_s=args.budget, progress=not args.no_progress)  # fmt: skip
+        wall_s = time.perf_counter() - t0
+        stem = out_dir / f"tune_{args.suite}_{space.variant}_{args.dtype}_{args.layout}"
+        if "sweep" in df:
+            write_sweep(df, stem.with_name(stem.name + "_sweep.csv"))
+            df = df.drop(columns="sweep")
+        df.to_csv(stem.with_suffix(".csv"), index=False)  # the tuning, before cuDNN's columns: kept if they fail
+        if not args.no_cudnn:
+            base = tune.get(space.variant)
+            extra = []
+            for p, st in zip(problems, df.status):
+                try:
+                    extra.append(cudnn_columns(base.adapt(p)) if st == "ok" else {})
+                except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                    extra.append({"cudnn_error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"})
+            df = pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1)
+            if "cudnn_ms" in df:
+                df["x_cudnn"] = df.cudnn_ms / df.ms
+                df["rule_x_cudnn"] = df.cudnn_ms / df.rule_ms
+        for k, v in ver.items():
+            df[k] = v
+        df["date"] = dt.date.today().isoformat()
+        path = stem.with_suffix(".csv")
+        df.to_csv(path, index=False)
+        s = summary(df)
+        print(f"{space.variant} on {args.suite}: {s} | wall {wall_s:.1f} s (tuning, without cuDNN) -> {path}")
+        status |= int((df.status != "ok").any())
+    if tmp:
+        tmp.cleanup()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

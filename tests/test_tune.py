@@ -1,0 +1,322 @@
+"""Day 15's tuner on the CPU: the cache (hit, miss, invalidation when a kernel's source changes),
+pruning (the model's first choice and the prior always survive), day 13's search space, the
+search logic with a stand-in GPU (early stopping, disagreeing outputs never chosen, variations,
+the cache answering without timing, the exhaustive sweep), the tuned variant, builds of tiles
+built alone, and the command line without a GPU."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from days.day13_igemm_production import INSTANTIATED, TileDescription, choose, space, tune_defines
+from helpers import compile as hc
+from helpers import gpu
+from helpers import tune as ht
+from helpers.problem import Conv2dProblem
+from helpers.suites import suite
+from helpers.variants import get
+
+ENV = {"gpu": "NVIDIA H200", "driver": "580.00", "cuda": "13.0", "nvcc": "release 13.0"}
+NHWC16 = {"dtype": "fp16", "layout": "NHWC"}
+P1 = Conv2dProblem(N=8, C=64, H=28, W=28, K=128, R=3, S=3, padding=1, **NHWC16)
+P2 = replace(P1, K=256, name="")
+needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH")
+
+
+# ---- the cache ------------------------------------------------------------------------------------------------
+
+
+def entry(config="128x64x32_w2x2_s4_b1_sw1", ms=0.1) -> dict:
+    return {"config": config, "ms": ms, "rule_config": config, "rule_ms": ms, "model_rank": 1}
+
+
+def test_cache_hit_miss_and_persistence(tmp_path):
+    v = get("igemm_production")
+    c = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    assert c.lookup(v, P1) is None  # cold: a miss
+    c.store(v, P1, entry())
+    assert c.lookup(v, P1)["config"] == entry()["config"]
+    assert c.lookup(v, P2) is None  # another problem
+    assert c.lookup(v, replace(P1, name="a label only")) is not None  # the label is not part of the key
+    assert c.lookup(get("dgrad"), P1) is None  # another variant
+    again = ht.TuneCache(tmp_path / "t.json", environment=ENV)  # a new process reads the file
+    assert again.lookup(v, P1) == c.lookup(v, P1)
+    for k, other in (("gpu", "NVIDIA H100"), ("driver", "590.1"), ("cuda", "13.1"), ("nvcc", "release 13.1")):
+        assert ht.TuneCache(tmp_path / "t.json", environment={**ENV, k: other}).lookup(v, P1) is None, k
+
+
+def test_cache_misses_after_a_source_change(tmp_path, monkeypatch):
+    """Editing the kernel file, or a header it includes, changes the key: the entry is not used."""
+    kdir = tmp_path / "kernels"
+    shutil.copytree(hc.KERNEL_DIR, kdir)
+    monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
+    v = get("igemm_production")
+    c = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    c.store(v, P1, entry())
+    assert c.lookup(v, P1) is not None
+    header = kdir / "tensor_core.cuh"
+    assert '#include "tensor_core.cuh"' in (kdir / v.cu_file).read_text()
+    header.write_text(header.read_text() + "\n// edited\n")
+    assert c.lookup(v, P1) is None
+    header.write_text(header.read_text().replace("\n// edited\n", ""))
+    assert c.lookup(v, P1) is not None  # the same source again: the same key
+    cu = kdir / v.cu_file
+    cu.write_text(cu.read_text() + "\n")
+    assert c.lookup(v, P1) is None
+
+
+def test_source_hash_follows_includes():
+    """14_dgrad.cu includes 13_igemm_production.cu: both hashes differ, and each is stable."""
+    assert hc.source_hash("14_dgrad.cu") == hc.source_hash("14_dgrad.cu")
+    assert hc.source_hash("14_dgrad.cu") != hc.source_hash("13_igemm_production.cu")
+
+
+# ---- pruning and the model ----------------------------------------------------------------------------------
+
+
+def random_problems(n=40, seed=15):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        r = rng.choice((1, 3, 5))
+        h = rng.choice((7, 14, 28, 56, 112))
+        out.append(Conv2dProblem(N=rng.choice((1, 4, 32, 128)), C=8 * rng.randint(1, 64), H=h, W=h,
+                                 K=8 * rng.randint(1, 128), R=r, S=r, padding=r // 2, stride=rng.choice((1, 2)),
+                                 **NHWC16))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("keep", [1, 4, 8])
+def test_pruning_never_drops_the_models_first_choice_or_the_prior(keep):
+    for p in random_problems():
+        cands = space.candidates(p, ht.H200)
+        kept = ht.prune(cands, keep)
+        first = min(cands, key=lambda c: c.model_us)
+        assert kept[0].config == first.config and kept[0].model_us == first.model_us
+        assert sum(c.prior for c in cands) == 1 and any(c.prior for c in kept)
+        assert len(kept) <= keep + 1
+        assert [c.model_us for c in kept[:keep]] == sorted(c.model_us for c in kept[:keep])
+
+
+def test_the_model_counts_waves_and_prefers_bigger_warp_tiles():
+    """Sanity of `gemm_tile_us`: one block past a full wave (2 resident blocks on each of 132 SMs)
+    costs a second round; a smaller warp tile is less efficient."""
+    t = ht.GemmTile(m=264 * 128, n=128, k=1152, bm=128, bn=128, bk=64, warp_m=64, warp_n=64, threads=128, stages=3,
+                    shared_bytes=98304, regs=255)  # fmt: skip
+    launch = ht.H200.launch_us
+    one_wave, two_waves = ht.gemm_tile_us(t, ht.H200), ht.gemm_tile_us(replace(t, m=265 * 128), ht.H200)
+    assert two_waves - launch > 1.5 * (one_wave - launch)
+    small_warps = replace(t, warp_m=32, warp_n=32, threads=512, regs=128)
+    assert ht.gemm_tile_us(small_warps, ht.H200) > one_wave
+    assert ht.occupancy(t, ht.H200) == 2  # 96 KB of 228: two blocks (255 registers x 128 threads: also two)
+
+
+# ---- day 13's space -----------------------------------------------------------------------------------------
+
+
+def test_space_tiles_are_valid_and_include_the_instantiated_ones():
+    tiles = space.tiles()
+    assert all(t.reason(instantiated=False) is None for t in tiles)
+    names = {t.name for t in tiles}
+    opt = {n for n, its in INSTANTIATED.items() if "optimized" in its}
+    assert opt <= names and len(tiles) > 4 * len(opt)
+
+
+def test_config_names_round_trip_and_variations_are_the_other_swizzles():
+    t = TileDescription.parse("128x64x32_w2x2_s4_b1")
+    assert space.parse_config(space.config_name(t, 2)) == (t, 2)
+    with pytest.raises(ValueError, match="configuration looks like"):
+        space.parse_config("128x64x32_w2x2_s4_b1")
+    p = replace(P1, K=512, name="")  # 8 filter tiles of 64: swizzles 0..3
+    assert space.variations("128x64x32_w2x2_s4_b1_sw1", p) == [f"128x64x32_w2x2_s4_b1_sw{s}" for s in (0, 2, 3)]
+    assert space.variations("128x128x64_w2x2_s3_b1_sw0", replace(P1, K=128, name="")) == []  # one filter tile
+
+
+def test_space_prior_is_the_rule_and_other_iterators_keep_the_rule():
+    for p in suite("resnet50", **NHWC16):
+        prior = [c for c in space.candidates(p, ht.H200) if c.prior]
+        assert len(prior) == 1 and prior[0].config.startswith(choose(p).tile.name)
+    odd = Conv2dProblem(N=2, C=3, H=32, W=32, K=64, R=3, S=3, padding=1, **NHWC16)  # C = 3: few_channels
+    (only,) = space.candidates(odd, ht.H200)
+    assert only.prior and only.config.startswith("rule:") and only.variant is get("igemm_production")
+
+
+def test_a_tile_built_alone_launches_its_entry_with_its_defines():
+    t = TileDescription.parse("128x256x32_w2x4_s3_b1")
+    assert t.name not in INSTANTIATED and t.reason() is not None and t.reason(instantiated=False) is None
+    v = space.variant_for(space.config_name(t, 1))
+    (k,) = v.launches(P1)
+    assert k.entry == f"igemm_production_{t.name}_optimized_fp16"
+    assert k.build_defines(v) == tune_defines(t, "fp16")
+    assert v.supports(P1, smem_limit=227 * 1024) is None
+    assert get("igemm_production").launches(P1)[0].defines == ()  # the registered variant builds the file's entries
+
+
+@needs_nvcc
+def test_a_tile_built_alone_compiles_to_its_one_entry_without_spills():
+    t = TileDescription.parse("128x256x32_w2x4_s3_b1")
+    reports, log = hc.nvcc_compile("13_igemm_production.cu", arch="sm_90", defines=tune_defines(t, "bf16"))
+    assert [r.entry for r in reports] == [f"igemm_production_{t.name}_optimized_bf16"], log
+    assert reports[0].spill_stores == 0 and reports[0].spill_loads == 0
+
+
+# ---- the search with a stand-in GPU -------------------------------------------------------------------------
+
+
+class FakeGPU:
+    """`_time_ms` from a table {config: ms} (one call per timing round, counted), outputs that
+    agree with the prior's unless the config is in ``wrong``; builds and the device stubbed."""
+
+    def __init__(self, monkeypatch, ms: dict, wrong=()):
+        self.ms, self.wrong, self.calls = ms, set(wrong), []
+        monkeypatch.setattr(ht, "_time_ms", self.time_ms)
+        monkeypatch.setattr(ht, "_inputs", lambda p: ())
+        monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
+        info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
+                               l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))  # fmt: skip
+        monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
+
+    def time_ms(self, variant, p, inputs, reps, target_ms=0.0):
+        cfg = variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
+        self.calls.append((cfg, reps))
+        out = torch.full((4,), 2.0 if cfg in self.wrong else 1.0)
+        return self.ms.get(cfg, 1.0), out
+
+
+def toy_space(n: int = 6) -> tuple[ht.Space, list[str]]:
+    """Six tiles of day 13 with made-up model times (the first ranked best), the fourth the prior."""
+    tiles = [t for t in space.tiles() if t.bk == 32][:n]
+    names = [space.config_name(t, 0) for t in tiles]
+
+    def candidates(p, machine):
+        return [ht.Candidate(c, space.variant_for(c), 10.0 + i, prior=i == 3) for i, c in enumerate(names)]
+
+    def variations(cfg, p):
+        return [cfg.replace("_sw0", "_sw1")] if cfg.endswith("_sw0") else []
+
+    return ht.Space("igemm_production", candidates, variations, lambda cfg, p: space.variant_for(cfg)), names
+
+
+def test_search_stops_early_never_picks_a_wrong_output_and_tries_variations(monkeypatch, tmp_path):
+    sp, names = toy_space()
+    ms = {names[0]: 1.0, names[1]: 0.5, names[2]: 0.52, names[3]: 0.9, names[4]: 0.3, names[5]: 0.8,
+          names[1].replace("_sw0", "_sw1"): 0.45}  # fmt: skip
+    fake = FakeGPU(monkeypatch, ms, wrong=[names[4]])  # the fastest gives a wrong output
+    cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    row = ht.tune_problem(sp, P1, cache, keep=6)
+    assert row["config"] == names[1].replace("_sw0", "_sw1")  # 0.45: the winner's variation beat it
+    assert row["rule_config"] == names[3] and row["rule_ms"] == 0.9
+    assert row["disagreed"] == 1 and row["cache"] == "miss" and row["compile_s"] == 0.5
+    more = {cfg for cfg, reps in fake.calls if reps == ht.CLOSE_REPS}
+    assert names[1] in more and names[2] in more  # within LOSER of the best: timed again
+    assert names[0] not in more and names[3] not in more and names[5] not in more  # clear losers: stopped early
+    assert names[4] not in more
+    n = len(fake.calls)
+    hit = ht.tune_problem(sp, P1, cache, keep=6)
+    assert len(fake.calls) == n and hit["cache"] == "hit" and hit["config"] == row["config"]  # no timing at all
+
+
+def test_pruned_search_keeps_the_prior_and_exhaustive_finds_what_pruning_missed(monkeypatch):
+    sp, names = toy_space()
+    ms = {names[5]: 0.2}  # the model ranks it last: pruned away at keep = 2
+    fake = FakeGPU(monkeypatch, ms)
+    row = ht.tune_problem(sp, P1, None, keep=2)
+    timed = {cfg for cfg, _ in fake.calls}
+    assert names[3] in timed and names[5] not in timed  # the prior (rank 4) survives; rank 6 does not
+    assert row["survivors"] == 3 and row["candidates"] == 6 and row["model_rank"] == 4  # all tie: the prior wins
+    full = ht.tune_problem(sp, P1, None, keep=2, exhaustive=True)
+    assert full["best_config"] == names[5] and full["best_ms"] == 0.2
+    assert math.isclose(full["ms"], row["ms"])
+
+
+def test_tune_runs_every_problem_and_records_a_fault(monkeypatch, tmp_path):
+    sp, names = toy_space()
+    FakeGPU(monkeypatch, {names[1]: 0.5})
+    monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
+    bad = Conv2dProblem(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1, dtype="fp32", layout="NCHW")  # adapted
+    df = ht.tune("igemm_production", [P1, P2, bad], ht.TuneCache(tmp_path / "t.json", environment=ENV),
+                 progress=False)  # fmt: skip
+    assert list(df.status) == ["ok", "ok", "ok"] and list(df.config[:2]) == [names[1]] * 2
+    assert df.tune_s.sum() > 0 and df.compile_s.sum() == pytest.approx(0.5)
+
+    def broken(p, machine):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(ht.SPACES, "igemm_production", replace(sp, candidates=broken))
+    df = ht.tune("igemm_production", [P1], None, progress=False)
+    assert df.status[0] == "error: RuntimeError: boom"
+
+
+def test_tuned_variant_runs_the_cached_choice_else_the_rule(tmp_path):
+    cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    base = get("igemm_production")
+    cfg = "128x256x32_w2x4_s3_b1_sw2"
+    cache.store(base, P1, entry(cfg))
+    v = ht.tuned("igemm_production", cache)
+    assert v.name == "igemm_production_tuned"
+    (k,) = v.launches(P1)
+    assert k.entry == "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16" and k.args[-1] == 2
+    assert dict(k.defines) == tune_defines(TileDescription.parse("128x256x32_w2x4_s3_b1"), "fp16")
+    assert v.launches(P2)[0].entry == base.launches(P2)[0].entry  # not in the cache: the rule's
+    assert v.supports(P1, smem_limit=227 * 1024) is None
+
+
+def test_spaces_are_registered_and_unknown_variants_refused():
+    assert ht.space_of("igemm_production").variant == "igemm_production"
+    with pytest.raises(KeyError, match="has no search space; tunable:"):
+        ht.space_of("naive")
+
+
+def test_cli_without_a_gpu_and_with_a_bad_variant(monkeypatch, capsys):
+    from benchmarks import tune as cli
+
+    assert cli.main(["--variants", "no_such_variant"]) == 2
+    assert "no variant 'no_such_variant'" in capsys.readouterr().err
+    monkeypatch.setattr(gpu, "has_gpu", lambda: False)
+    assert cli.main(["--suite", "resnet50"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_path):
+    """The command's flow with the tuner and cuDNN stood in: one CSV row per problem with the
+    x cuDNN columns and the versions, the sweep in its own CSV, exit 0; a cuDNN fault is a column."""
+    import pandas as pd
+
+    from benchmarks import tune as cli
+
+    problems = suite("resnet50", **NHWC16)[:3]
+    seen = {}
+
+    def fake_tune(variant, probs, cache, keep, exhaustive, budget_s, progress):
+        seen.update(variant=variant, n=len(probs), exhaustive=exhaustive, keep=keep)
+        return pd.DataFrame([{"problem": p.name, "variant": variant, "config": "c", "ms": 0.1, "rule_ms": 0.12,
+                              "tune_s": 0.5, "best_ms": 0.09, "status": "ok",
+                              "sweep": {"c": (10.0, 0.1), "d": (12.0, 0.09)}} for p in probs])  # fmt: skip
+
+    def fake_cudnn(p):
+        if p.K == 64:
+            raise RuntimeError("no algorithm")
+        return {"cudnn_ms": 0.08, "cudnn_first_s": 0.2, "cudnn_kernels": "sm90_xmma_fprop"}
+
+    monkeypatch.setattr(gpu, "has_gpu", lambda: True)
+    monkeypatch.setattr(gpu, "versions", lambda: {"gpu": "NVIDIA H200", "driver": "580", "cuda": "13.0"})
+    monkeypatch.setattr(ht, "tune", fake_tune)
+    monkeypatch.setattr(cli, "cudnn_columns", fake_cudnn)
+    fp32 = [replace(p, dtype="fp32", layout="NCHW", name="") for p in problems]
+    monkeypatch.setattr("helpers.suites.SUITES", {"resnet50": lambda: fp32})
+    rc = cli.main(["--suite", "resnet50", "--variants", "igemm_production", "--exhaustive", "--cold", "--out",
+                   str(tmp_path), "--no-progress"])  # fmt: skip
+    assert rc == 0 and seen == {"variant": "igemm_production", "n": 3, "exhaustive": True, "keep": ht.KEEP}
+    df = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC.csv")
+    for col in ("problem", "variant", "config", "ms", "best_ms", "tune_s", "x_cudnn", "rule_x_cudnn", "gpu", "date"):
+        assert col in df, col
+    assert df.x_cudnn.iloc[0] == pytest.approx(0.8) and df.cudnn_error.notna().sum() == 2  # the K = 64 layers
+    sw = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC_sweep.csv")
+    assert len(sw) == 6 and set(sw.columns) == {"problem", "config", "model_us", "ms"}
