@@ -8,8 +8,8 @@
 #                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
 #                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
-#   benchmarks/device_session.sh tune [SUITE ...]   # day 15's CSVs: a cold tune with the exhaustive sweep of
-#                                                   # resnet50, a warm rerun, then each SUITE (default: outside) cold
+#   benchmarks/device_session.sh tune [SUITE ...]   # day 15's CSVs: per SUITE (default: resnet50 outside) a cold
+#                                                   # tune with the exhaustive sweep, then a warm rerun
 #
 # e.g. after the day 12 / day 13 split (day 12 = igemm_pipelined, day 13 = igemm_production):
 #   benchmarks/device_session.sh tests tests/gpu/test_pipelined_gpu.py tests/gpu/test_production_gpu.py
@@ -73,11 +73,12 @@ case "$part" in
   tune)
     cache="$out/tune_cache.json"
     rm -f "$cache"
-    step tune_resnet50 python3 -m benchmarks.tune --suite resnet50 --exhaustive --cache "$cache" --no-progress
-    step tune_resnet50_warm python3 -m benchmarks.tune --suite resnet50 --cache "$cache" --no-cudnn --no-progress \
-      --out "$out/warm"
-    for s in "${@:-outside}"; do
-      step "tune_$s" python3 -m benchmarks.tune --suite "$s" --cache "$cache" --no-progress
+    suites=("$@")
+    [ ${#suites[@]} -gt 0 ] || suites=(resnet50 outside)
+    for s in "${suites[@]}"; do
+      step "tune_$s" python3 -m benchmarks.tune --suite "$s" --exhaustive --cache "$cache" --no-progress
+      step "tune_${s}_warm" python3 -m benchmarks.tune --suite "$s" --cache "$cache" --no-cudnn --no-progress \
+        --out "$out/warm"
     done
     ;;
   *)

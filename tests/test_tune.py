@@ -94,15 +94,20 @@ def random_problems(n=40, seed=15):
 
 
 @pytest.mark.parametrize("keep", [1, 4, 8])
-def test_pruning_never_drops_the_models_first_choice_or_the_prior(keep):
+def test_pruning_never_drops_the_models_first_choice_the_families_favourites_or_the_prior(keep):
     for p in random_problems():
         cands = space.candidates(p, ht.H200)
         kept = ht.prune(cands, keep)
         first = min(cands, key=lambda c: c.model_us)
         assert kept[0].config == first.config and kept[0].model_us == first.model_us
         assert sum(c.prior for c in cands) == 1 and any(c.prior for c in kept)
-        assert len(kept) <= keep + 1
-        assert [c.model_us for c in kept[:keep]] == sorted(c.model_us for c in kept[:keep])
+        families = {c.family for c in cands}
+        assert len(kept) <= keep + len(families) + 1
+        best_of = {f: min((c for c in cands if c.family == f), key=lambda c: c.model_us).config for f in families}
+        assert set(best_of.values()) <= {c.config for c in kept}  # each block shape's favourite is timed
+        top = sorted(cands, key=lambda c: c.model_us)[:keep]
+        assert {c.config for c in top} <= {c.config for c in kept}
+        assert [c.model_us for c in kept] == sorted(c.model_us for c in kept)
 
 
 def test_the_model_counts_waves_and_prefers_bigger_warp_tiles():

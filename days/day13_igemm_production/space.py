@@ -96,8 +96,8 @@ def gemm_tile(p: Conv2dProblem, t: TileDescription) -> GemmTile:
 
 
 def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
-    """Every buildable tile with its default swizzle (`choose_swizzle`), the model's time each;
-    the rule's tile is the prior. Without the optimized iterator: the rule's configuration only
+    """Every buildable tile with its default swizzle (`choose_swizzle`), the model's time each,
+    in families by block shape (BM x BN x BK); the rule's tile is the prior. Without the optimized iterator: the rule's configuration only
     (built from the ``.cu`` file's entries)."""
     rule = choose(p)
     if choose_iterator(p) != "optimized":
@@ -105,7 +105,8 @@ def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
     out = []
     for t in tiles():
         cfg = config_name(t, choose_swizzle(p, t))
-        out.append(Candidate(cfg, variant_for(cfg), gemm_tile_us(gemm_tile(p, t), machine), t == rule.tile))
+        us = gemm_tile_us(gemm_tile(p, t), machine)
+        out.append(Candidate(cfg, variant_for(cfg), us, t == rule.tile, family=f"{t.bm}x{t.bn}x{t.bk}"))
     return out
 
 
