@@ -10,10 +10,16 @@
   naive walk does stride_h·stride_w times as many as the phases for a stride with no empty phase;
 * a planted fault (one tap's offset off by one) is caught;
 * the dgrad variant's launches: `simulate` (dx from the launches' arguments, NaN where none
-  writes) equals the reference; one ``zero`` launch, only where a pixel gets no tap, writes
-  exactly the pixels no tap reaches, and every dx element is written once across all launches
-  (strides past the filter, odd sizes, strides (2, 1) and (1, 2), dilations (1, 2) and (2, 1));
-  strides past the zero kernel's 32-bit phase masks are refused before any launch;
+  writes) equals the reference, B read from w in place and from the transposed phase filters;
+  one ``zero`` launch, only where a pixel gets no tap, writes exactly the pixels no tap reaches,
+  and every dx element is written once across all launches (strides past the filter, odd sizes,
+  strides (2, 1) and (1, 2), dilations (1, 2) and (2, 1)); strides past the zero kernel's 32-bit
+  phase masks are refused before any launch;
+* reading w in place: the optimized path (K, C multiples of 8) has no filter launch and no
+  workspace and passes w and each phase's taps (r_first, r_step per axis, as model.py's taps
+  say), the other iterators keep the transposed filter; the in-place B addresses read exactly the
+  transposed filter's elements; the [BK][BN] stage's swizzle is conflict-free for the cp.async
+  stores and the ldmatrix.trans reads, whose fragments are the mma.sync B layout;
 * split-K: the slices are whole BK steps, none empty, covering GEMM-K once; dw from fp32 partials
   summed in slice order equals the reference bit for bit on integer inputs and stays inside the
   fp32 bound (`helpers.check.compare`) for 1 to 64 slices; a dropped slice is caught.
@@ -31,7 +37,7 @@ import torch
 from days import day14_backward as d14
 from helpers.check import compare, reference
 from helpers.problem import Conv2dProblem
-from helpers.variants import prepare
+from helpers.variants import Buffer, prepare
 
 
 def dgrad(**kw) -> Conv2dProblem:
@@ -193,12 +199,14 @@ ALL_PADDING = dict(N=1, C=8, H=1, W=1, K=8, R=1, S=1, stride=3, padding=1)  # th
 
 @pytest.mark.parametrize("p", CASES + [PAST_DILATED, dgrad(**ALL_PADDING)] + random_cases(40, seed=11),
                          ids=lambda p: p.name)  # fmt: skip
-def test_dgrad_launch_arguments_compose_dgrad(p):
-    """`days.day14_backward.dgrad.simulate` runs what the launches say (the phase filters' layout,
-    each phase's padding, dilation, offset and output rows, the zero launch's pixels) and must
-    give dgrad exactly on integer inputs (a pixel no launch writes would stay NaN)."""
+@pytest.mark.parametrize("from_w", [True, False], ids=["in_place", "transposed"])
+def test_dgrad_launch_arguments_compose_dgrad(p, from_w):
+    """`days.day14_backward.dgrad.simulate` runs what the launches say (B read from w by the
+    in-place addresses, or the phase filters' layout and offsets; each phase's padding, dilation
+    and output rows, the zero launch's pixels) and must give dgrad exactly on integer inputs (a
+    pixel no launch writes would stay NaN)."""
     dy, w = p.make_inputs(kind="int", seed=5)
-    assert torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
+    assert torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w), from_w), reference(p, dy, w))
 
 
 def test_phase_filters_hold_every_tap_once():
@@ -209,12 +217,21 @@ def test_phase_filters_hold_every_tap_once():
 
 
 def test_a_planted_filter_rank_error_is_caught(monkeypatch):
-    """Taps in ascending r instead of ascending dy offset (the filter not turned around): caught."""
+    """Taps in ascending r instead of ascending dy offset (the filter not turned around): caught,
+    in the transposed filter and in the in-place addresses (first tap the smallest, step upwards)."""
     p = CASES[5]
     dy, w = p.make_inputs(kind="int", seed=5)
     good = d14.dgrad.filter_phases
     monkeypatch.setattr(d14.dgrad, "filter_phases", lambda q, t: good(q, t.flip(2, 3)))
-    assert not torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w)), reference(p, dy, w))
+    assert not torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w), False), reference(p, dy, w))
+    good_b = d14.dgrad.in_place_b
+
+    def ascending(q, ph):
+        first = (min(ph.rows.taps), min(ph.cols.taps))
+        return good_b(q, replace(ph, first=first, step=(-ph.step[0], -ph.step[1])))
+
+    monkeypatch.setattr(d14.dgrad, "in_place_b", ascending)
+    assert not torch.equal(d14.dgrad.simulate(p, p.to_logical(dy), p.to_logical(w), True), reference(p, dy, w))
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 5, 7, 49, 56, 196, 784, 3136, 12544, 100352, 2**20 + 1, 2**30, 2**31 - 1])
@@ -309,14 +326,14 @@ def no_tap(p: Conv2dProblem) -> np.ndarray:
 
 @pytest.mark.parametrize("p, zeros", ZERO_CASES, ids=[p.name for p, _ in ZERO_CASES])
 def test_one_zero_launch_writes_the_pixels_no_tap_reaches(p, zeros):
-    """The filter kernel, one GEMM per phase pair with taps, then one ``zero`` launch exactly where
-    some pixel gets no tap; its pixels are those no tap reaches, and across all launches every dx
-    element is written exactly once (`Variant.covers`)."""
+    """The filter kernel (off the in-place path), one GEMM per phase pair with taps, then one
+    ``zero`` launch exactly where some pixel gets no tap; its pixels are those no tap reaches, and
+    across all launches every dx element is written exactly once (`Variant.covers`)."""
     v = d14.DGRAD
     assert v.supports(p) is None, v.supports(p)
     ks = v.launches(p)
-    assert [k.name for k in ks] == ["filter"] + [f"phase_{a.rows.phase}_{a.cols.phase}" for a in d14.dgrad_plan(p)] \
-        + ["zero"] * zeros  # fmt: skip
+    assert [k.name for k in ks] == ["filter"] * (not d14.dgrad.in_place(p)) \
+        + [f"phase_{a.rows.phase}_{a.cols.phase}" for a in d14.dgrad_plan(p)] + ["zero"] * zeros  # fmt: skip
     expect = no_tap(p)
     assert bool(expect.any()) == zeros
     assert np.array_equal(d14.dgrad.zero_pixels(p), expect)
@@ -355,3 +372,199 @@ def test_stride_past_the_zero_masks_is_refused_before_any_launch():
     assert v.launches(inside)[-1].args[-2] == np.uint32(2**32 - 2)
     one_row = replace(past, H=1, name="")  # phases 1 .. 32 have no rows: every pixel gets the tap
     assert v.supports(one_row) is None and "zero" not in [k.name for k in v.launches(one_row)]
+
+
+# ---- dgrad reading w in place ------------------------------------------------------------------
+
+# (problem, whether the phase GEMMs read w in place): fp16 NHWC
+PATH_CASES = [
+    (dgrad(N=2, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1, **NHWC), True),
+    (dgrad(N=2, C=64, H=14, W=14, K=64, R=1, S=1, stride=2, **NHWC), True),  # strided 1x1, zero launch
+    (dgrad(N=2, C=16, H=9, W=10, K=16, R=3, S=3, padding=1, **NHWC), True),  # unit stride: dgrad_unit_*
+    (dgrad(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1, dilation=(2, 1), **NHWC), True),
+    (dgrad(N=2, C=8, H=11, W=13, K=16, R=2, S=2, stride=3, padding=1, **NHWC), True),  # stride 3 > filter
+    (dgrad(N=2, C=16, H=11, W=9, K=12, R=3, S=3, stride=2, padding=1, **NHWC), False),  # K % 8 != 0: analytic
+    (dgrad(N=2, C=16, H=11, W=9, K=5, R=3, S=3, stride=2, padding=1, **NHWC), False),  # K <= 8: few_channels
+    (dgrad(N=2, C=7, H=11, W=9, K=24, R=3, S=3, stride=2, padding=1, **NHWC), False),  # C % 8 != 0: analytic
+]  # fmt: skip
+
+# positions of a phase launch's arguments: dy, B, dx, then the ints (N, K, P, Q, C, Jh, Jw, I, J, pad_h,
+# pad_w, dil_h, dil_w, H, W, sh, sw, fh, fw, R, S, r_first, r_step, s_first, s_step, swz_log)
+TAP_ARGS = slice(3 + 19, 3 + 25)
+
+
+@pytest.mark.parametrize("p, from_w", PATH_CASES, ids=[p.name for p, _ in PATH_CASES])
+def test_in_place_path_has_no_filter_launch_and_no_workspace(p, from_w):
+    """The optimized iterator (K % 8 == 0 and C % 8 == 0) reads w in place: no ``filter`` launch,
+    no workspace, ``Buffer("w")`` as every phase's B; the analytic and few-channels iterators keep
+    ``dgrad_filter_phases`` first, a workspace of the K·R·S·C phase filters and each phase's filter
+    at its offset. Both pass the phase's taps in w, and every dx element is written once."""
+    v, dg = d14.DGRAD, d14.dgrad
+    assert v.supports(p) is None, v.supports(p)
+    assert dg.in_place(p) == from_w == (dg.dgrad_iterator(p) == "optimized")
+    ks = v.launches(p)
+    phases = [k for k in ks if k.name.startswith("phase_")]
+    assert len(phases) == len(dg.dgrad_plan(p)) > 0
+    unit = "unit_" if p.stride == (1, 1) else ""
+    assert all(k.entry.startswith(f"dgrad_{unit}") and k.entry.endswith(f"_{dg.dgrad_iterator(p)}_fp16")
+               for k in phases)  # fmt: skip
+    if from_w:
+        assert "filter" not in [k.name for k in ks] and v.workspace_bytes(p) == 0
+        assert all(k.args[1] == Buffer("w") for k in phases)
+    else:
+        assert ks[0].name == "filter" and ks[0].entry == "dgrad_filter_phases_fp16"
+        assert v.workspace_bytes(p) == 2 * p.K * p.R * p.S * p.C
+        assert [k.args[1] for k in phases] == [Buffer("workspace", 2 * ph.filter_offset) for ph in dg.dgrad_plan(p)]
+    for k, ph in zip(phases, dg.dgrad_plan(p)):
+        taps = tuple(int(a) for a in k.args[TAP_ARGS])
+        assert taps == (p.R, p.S, ph.first[0], ph.step[0], ph.first[1], ph.step[1]), (k.name, taps)
+        assert all(type(a) is np.int32 for a in k.args[3:])
+    assert bool((np.asarray(v.covers(p)) == 1).all())
+
+
+@pytest.mark.parametrize("p", CASES + [PAST_DILATED] + random_cases(40, seed=13), ids=lambda p: p.name)
+def test_phase_taps_are_the_model_taps(p):
+    """Tap j of a phase (by ascending dy offset, model.py's `axis_phases`) is filter position
+    first − j·step on each axis, step = stride / gcd(stride, dilation)."""
+    for ph in d14.dgrad_plan(p):
+        for axis, (a, first, step) in enumerate(((ph.rows, ph.first[0], ph.step[0]),
+                                                 (ph.cols, ph.first[1], ph.step[1]))):  # fmt: skip
+            by_offset = [t for _, t in sorted(zip(a.offsets, a.taps))]
+            assert [first - j * step for j in range(len(a.taps))] == by_offset, (axis, a)
+            assert step == p.stride[axis] // np.gcd(p.stride[axis], p.dilation[axis])
+
+
+def test_phase_tap_arguments_of_a_few_phases():
+    """The taps the launches pass, written out by hand for a few phases."""
+
+    def taps(p):
+        return {k.name: tuple(int(a) for a in k.args[TAP_ARGS]) for k in d14.DGRAD.launches(p) if k.name != "zero"}
+
+    # 3x3, stride 2, padding 1: phase 0 of an axis has tap 1; phase 1 taps 2, 0 (offsets 0, 1)
+    p = dgrad(N=1, C=8, H=8, W=8, K=8, R=3, S=3, stride=2, padding=1, **NHWC)
+    assert taps(p) == {"phase_0_0": (3, 3, 1, 2, 1, 2), "phase_0_1": (3, 3, 1, 2, 2, 2),
+                       "phase_1_0": (3, 3, 2, 2, 1, 2), "phase_1_1": (3, 3, 2, 2, 2, 2)}  # fmt: skip
+    # unit stride: the filter turned around, step 1
+    assert taps(dgrad(N=1, C=8, H=8, W=8, K=8, R=3, S=2, padding=1, **NHWC)) == {"phase_0_0": (3, 2, 2, 1, 1, 1)}
+    # stride 2, dilation (1, 2), padding (1, 2): on W every tap is in phase 0, one apart (step 2 / gcd(2, 2))
+    p = dgrad(N=1, C=8, H=8, W=10, K=8, R=3, S=3, stride=2, padding=(1, 2), dilation=(1, 2), **NHWC)
+    assert taps(p) == {"phase_0_0": (3, 3, 1, 2, 2, 1), "phase_1_0": (3, 3, 2, 2, 2, 1)}
+    # stride 3 > a 2x2 filter, padding 1: phase 0 has tap 1, phase 2 tap 0, phase 1 none (the zero launch)
+    p = dgrad(N=1, C=8, H=9, W=9, K=8, R=2, S=2, stride=3, padding=1, **NHWC)
+    assert taps(p) == {"phase_0_0": (2, 2, 1, 3, 1, 3), "phase_0_2": (2, 2, 1, 3, 0, 3),
+                       "phase_2_0": (2, 2, 0, 3, 1, 3), "phase_2_2": (2, 2, 0, 3, 0, 3)}  # fmt: skip
+
+
+@pytest.mark.parametrize("p", CASES + [PAST_DILATED] + random_cases(40, seed=17), ids=lambda p: p.name)
+def test_in_place_b_reads_the_transposed_filter(p):
+    """For every phase, the element of w that GEMM-K index gk and GEMM-N index gn read in place
+    (`in_place_b`) holds what the old path's transposed filter holds there (`filter_phases`:
+    [C][Jh][Jw][K] at the phase's offset): strided, dilated (1, 2) and (2, 1), padded, stride 3 >
+    filter, unit stride."""
+    w = torch.arange(p.K * p.C * p.R * p.S, dtype=torch.float64).reshape(p.K, p.C, p.R, p.S)
+    wt = d14.dgrad.filter_phases(p, w).numpy()
+    w_krsc = w.permute(0, 2, 3, 1).reshape(-1).numpy()
+    for ph in d14.dgrad_plan(p):
+        gk_n = ph.taps[0] * ph.taps[1] * p.K
+        offs = d14.dgrad.in_place_b(p, ph)
+        assert offs.shape == (gk_n, p.C) and offs.min() >= 0 and offs.max() < w_krsc.size
+        gk, gn = np.meshgrid(np.arange(gk_n), np.arange(p.C), indexing="ij")
+        assert np.array_equal(w_krsc[offs], wt[ph.filter_offset + gn * gk_n + gk])
+
+
+def test_in_place_needs_w_aligned():
+    """The in-place loads are 16-byte cp.async copies of w: a misaligned w is refused, naming it,
+    before any launch; the transposed path reads w element by element and takes it."""
+    v = d14.DGRAD
+    for p, from_w in PATH_CASES[:1] + PATH_CASES[-3:-2]:
+        dy, w = p.make_inputs()
+        w_off = torch.zeros(w.numel() + 1, dtype=w.dtype)[1:].view(w.shape)  # 2 bytes off
+        reason = v.tensor_check_fn(p, {"dy": dy, "w": w_off, "dx": None}, d14.dgrad.PLAIN)
+        assert (reason is not None and "w.data_ptr() is not 16-byte aligned" in reason) == from_w, reason
+
+
+# ---- the [BK][BN] stage of the in-place B, modelled ---------------------------------------------
+
+
+def swz_trans(row: int, ch: int, cols: int) -> int:
+    """``swz_trans<COLS>`` of tensor_core.cuh: halves offset of chunk ch of row r."""
+    return row * cols + ((ch ^ (row & 7)) << 3)
+
+
+def bank_group(halves: int) -> int:
+    """The 16-byte bank group (4 banks of 4 bytes) of a halves offset in shared memory."""
+    return (2 * halves // 16) % 8
+
+
+def in_place_tiles():
+    from days.day13_igemm_production import TileDescription
+
+    return [TileDescription.parse(t) for t, its in d14.dgrad.instantiated().items() if "optimized" in its]
+
+
+@pytest.mark.parametrize("tile", in_place_tiles(), ids=lambda t: t.name)
+def test_in_place_stage_swizzle_is_conflict_free(tile):
+    """The loader's chunks (thread tid, chunk u: row tid / (BN/8) + (THREADS / (BN/8))·u, column
+    tid % (BN/8)) fill the [BK][BN] stage once; each 8 threads of a warp that one 16-byte store
+    phase serves write 8 different bank groups; and each 8x8 matrix of an ldmatrix.trans (8 rows of
+    one chunk column) reads 8 different bank groups."""
+    bn, bk, threads = tile.bn, tile.bk, tile.threads
+    cprw = bn // 8
+    rowstep = threads // cprw
+    per = bk // rowstep
+    assert per * threads * 8 == bn * bk and rowstep % 8 == 0
+    dst = {(tid, u): swz_trans(tid // cprw + rowstep * u, tid % cprw, bn) for tid in range(threads) for u in range(per)}
+    assert sorted(dst.values()) == list(range(0, bn * bk, 8))  # every chunk of the stage once
+    for u in range(per):
+        for t0 in range(0, threads, 8):
+            assert len({bank_group(dst[(t, u)]) for t in range(t0, t0 + 8)}) == 8
+    warp_n = bn // tile.warps_n
+    for wn in range(tile.warps_n):
+        for kk in range(bk // 16):
+            for j2 in range(warp_n // 16):
+                for mat in range(4):
+                    rows = [16 * kk + lrow + 8 * (mat % 2) for lrow in range(8)]
+                    ch = warp_n * wn // 8 + 2 * j2 + mat // 2
+                    assert len({bank_group(swz_trans(r, ch, bn)) for r in rows}) == 8
+
+
+@pytest.mark.parametrize("tile", in_place_tiles(), ids=lambda t: t.name)
+def test_in_place_ldmatrix_trans_gives_the_mma_b_fragments(tile):
+    """The fragment addresses of 13_igemm_production.cu's B_KN path (lane l: row l % 8 + 8·((l >> 3)
+    & 1) of slice kk, chunk WTN·wn/8 + 2·j2 + l/16), read with ldmatrix.x4.trans (matrix i from the
+    rows lanes 8i .. 8i + 7 address; lane l gets elements (2(l%4), l/4) and (2(l%4) + 1, l/4) of
+    each, rows first), give each lane the mma.sync m16n8k16 B fragment: b0 = B[k = 2(l%4) + {0, 1}]
+    [n = l/4], b1 the same 8 rows of GEMM-K on, for the two 8-column fragments 2·j2 and 2·j2 + 1."""
+    bn, bk = tile.bn, tile.bk
+    warp_n = bn // tile.warps_n
+    stage = {}  # halves offset -> (gemm-k row, gemm-n column) as the loader stores them
+    for row in range(bk):
+        for ch in range(bn // 8):
+            for e in range(8):
+                stage[swz_trans(row, ch, bn) + e] = (row, 8 * ch + e)
+    for wn in range(tile.warps_n):
+        for j2 in range(warp_n // 16):
+            base = [swz_trans(lane % 8 + 8 * ((lane >> 3) & 1), warp_n * wn // 8 + 2 * j2 + lane // 16, bn)
+                    for lane in range(32)]  # fmt: skip
+            for kk in range(bk // 16):
+                addr = [b + 16 * bn * kk for b in base]
+                for lane in range(32):
+                    got = []  # q[0..3]: two halves each
+                    for mat in range(4):
+                        rows = addr[8 * mat : 8 * mat + 8]
+                        got.append([stage[rows[2 * (lane % 4) + h] + lane // 4] for h in range(2)])
+                    for f in range(2):  # fragment 2·j2 + f: b0 = q[2f], b1 = q[2f + 1]
+                        n = warp_n * wn + 16 * j2 + 8 * f + lane // 4
+                        for half in range(2):
+                            k = 16 * kk + 2 * (lane % 4) + 8 * half
+                            assert got[2 * f + half] == [(k, n), (k + 1, n)], (wn, j2, kk, lane, f, half)
+
+
+def test_in_place_offsets_past_32_bits_are_refused():
+    """The in-place B offsets are 32-bit ints (R·S·C, r_step·S·C): a w with R·S·C past 2^31 is
+    refused before any launch, naming them; one just inside is not refused for that."""
+    big = dgrad(N=1, C=2**28, H=2, W=2, K=8, R=3, S=3, padding=1, **NHWC)  # R·S·C = 9·2^28
+    reason = d14.DGRAD.supports(big, smem_limit=2**31)
+    assert reason is not None and "in-place B offsets" in reason, reason
+    inside = replace(big, C=2**27, R=1, S=1, padding=0, name="")  # R·S·C = 2^27
+    assert "in-place B offsets" not in (d14.DGRAD.supports(inside, smem_limit=2**31) or "")

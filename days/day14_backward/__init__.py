@@ -3,8 +3,9 @@
 * `model` — the mappings simulated in Python: dgrad's filter phases (`dgrad_phases`,
   `dgrad_by_phases`, `dgrad_mac_counts`) and wgrad's split-K (`split_k_slices`, `wgrad_split_k`);
 * `dgrad` — the ``dgrad`` variant (``14_dgrad.cu``): day 13's kernel run once per filter phase
-  over dy, after a kernel that writes the phase filters, and one zero-fill launch for the dx
-  pixels no tap reaches (where a stride leaves some);
+  over dy, reading w in place (the optimized iterator; the others after a kernel that writes the
+  phase filters), and one zero-fill launch for the dx pixels no tap reaches (where a stride
+  leaves some);
 * `train` — the kernels in a model: `conv2d` (a `torch.autograd.Function`: fprop on day 13's
   kernel, dx and dw on day 14's) and a ResNet bottleneck block trained against torch's;
 * `wgrad` — the ``wgrad`` (parallel split-K) and ``wgrad_serial`` (serial split-K) variants

@@ -1,11 +1,14 @@
 """Day 14's dgrad variant: day 13's kernel run once per filter phase (``14_dgrad.cu``).
 
-A run is one launch of ``dgrad_filter_phases`` (w -> the phase filters, in the workspace), then
-one launch per phase pair (φh, φw) that has dx rows and taps on both axes: the fprop of
+A run is one launch per phase pair (φh, φw) that has dx rows and taps on both axes: the fprop of
 `phase_conv` over dy with that phase's filter, its rows stored at dx pixels (n, φh + sh·i,
 φw + sw·j); then, if any dx pixel gets no tap (a phase without taps on an axis: stride larger than
 the dilated filter), one launch of ``dgrad_zero_phases`` that writes all those pixels as zeros
-(`zero_masks`). `dgrad_plan` computes the phases and their arguments; the tile, iterator and
+(`zero_masks`). With the optimized iterator (`in_place`: K and C multiples of 8) the phase GEMMs
+read B straight from w: GEMM-K row (jh, jw, k) is w[k][r(jh)][s(jw)][:], r(jh) = r_first −
+jh·r_step (`phase_taps`, `in_place_b`); the analytic and few-channels iterators read the phase
+filters that one launch of ``dgrad_filter_phases`` first writes into the workspace
+(`filter_phases`). `dgrad_plan` computes the phases and their arguments; the tile, iterator and
 swizzle come from day 13's rule applied to the GEMM of the largest phase (`phase_gemm_problem`).
 """
 
@@ -48,8 +51,9 @@ def instantiated() -> dict[str, tuple[str, ...]]:
 
 def dgrad_iterator(p: Conv2dProblem) -> str:
     """Day 13's iterator for the phases' GEMM-K = (jh, jw, k): ``optimized`` (16-byte copies of
-    dy's K channels) if K % 8 == 0 and R, S <= 16, ``few_channels`` if K <= 8, else ``analytic``."""
-    if p.K % 8 == 0 and max(p.R, p.S) <= MAX_MASKED_TAPS:
+    dy's K channels, and of w's C channels: B read in place) if K % 8 == 0, C % 8 == 0 and
+    R, S <= 16, else ``few_channels`` if K <= 8, else ``analytic`` (both on the phase filters)."""
+    if p.K % 8 == 0 and p.C % 8 == 0 and max(p.R, p.S) <= MAX_MASKED_TAPS:
         return "optimized"
     return "few_channels" if p.K <= FEW_CHANNELS_MAX_C else "analytic"
 
@@ -69,17 +73,26 @@ def choose_config(p: Conv2dProblem) -> ProductionConfig:
     return ProductionConfig(tile, it, choose_swizzle(g, tile))
 
 
+def in_place(p: Conv2dProblem) -> bool:
+    """Whether the phase GEMMs read B from w in place (the optimized iterator: no filter launch, no
+    workspace) rather than from the phase filters ``dgrad_filter_phases`` writes."""
+    return dgrad_iterator(p) == "optimized"
+
+
 @dataclass(frozen=True)
 class PhaseLaunch:
     """One phase pair of a dgrad run: the axis phases, the fprop it is (Jh x Jw taps, padding
-    −o_min, dilation d' per axis), I x J output rows, and where its filter starts in the workspace
-    (elements)."""
+    −o_min, dilation d' per axis), I x J output rows, where its filter starts in the workspace
+    (elements; the transposed path), and its taps in w per axis (`phase_taps`: tap j is filter row
+    ``first[0] − j·step[0]``, column ``first[1] − j·step[1]``; the in-place path)."""
 
     rows: AxisPhase
     cols: AxisPhase
     pad: tuple[int, int]
     dil: tuple[int, int]
     filter_offset: int
+    first: tuple[int, int]
+    step: tuple[int, int]
 
     @property
     def taps(self) -> tuple[int, int]:
@@ -96,11 +109,19 @@ def phase_conv(a: AxisPhase, stride: int, dil: int) -> tuple[int, int]:
     return -min(a.offsets), dil // math.gcd(stride, dil)
 
 
+def phase_taps(a: AxisPhase, stride: int, dil: int) -> tuple[int, int]:
+    """(first, step) of one axis phase with taps: its taps by ascending dy offset are the filter
+    positions first − j·step, j = 0 .. J − 1, with first its largest tap and step = stride /
+    gcd(stride, dil) (taps of one phase differ in r·dil by multiples of stride)."""
+    return max(a.taps), stride // math.gcd(stride, dil)
+
+
 def dgrad_plan(p: Conv2dProblem) -> list[PhaseLaunch]:
     """The phase pairs (φh, φw) of ``p`` that have dx rows and taps on both axes (one GEMM launch
-    each; `zero_masks` covers the others), in row-major phase order, with their fprop arguments and
-    filter offsets: phase (φh, φw) starts after the filters of every earlier pair,
-    (Σ_{a<φh} Jh(a))·S·C·K + Jh(φh)·(Σ_{b<φw} Jw(b))·C·K elements, as the filter kernel writes them."""
+    each; `zero_masks` covers the others), in row-major phase order, with their fprop arguments,
+    their taps in w (`phase_taps`) and filter offsets: phase (φh, φw) starts after the filters of
+    every earlier pair, (Σ_{a<φh} Jh(a))·S·C·K + Jh(φh)·(Σ_{b<φw} Jw(b))·C·K elements, as the
+    filter kernel writes them."""
     ph_h, ph_w = dgrad_phases(p)
     out = []
     before_h = 0
@@ -110,8 +131,10 @@ def dgrad_plan(p: Conv2dProblem) -> list[PhaseLaunch]:
             if a.rows and b.rows and a.taps and b.taps:
                 (pad_h, dil_h), (pad_w, dil_w) = phase_conv(a, p.stride[0], p.dilation[0]), \
                     phase_conv(b, p.stride[1], p.dilation[1])  # fmt: skip
+                (r0, r_step), (s0, s_step) = phase_taps(a, p.stride[0], p.dilation[0]), \
+                    phase_taps(b, p.stride[1], p.dilation[1])  # fmt: skip
                 off = (before_h * p.S + len(a.taps) * before_w) * p.C * p.K
-                out.append(PhaseLaunch(a, b, (pad_h, pad_w), (dil_h, dil_w), off))
+                out.append(PhaseLaunch(a, b, (pad_h, pad_w), (dil_h, dil_w), off, (r0, s0), (r_step, s_step)))
             before_w += len(b.taps)
         before_h += len(a.taps)
     return out
@@ -161,25 +184,47 @@ def filter_phases(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """dx from the launches' own arguments, in float64: `filter_phases`, then per `dgrad_plan`
-    entry the unit-stride fprop it launches (dy padded by the phase's padding, which may be
-    negative: a crop; dilation d'; the first I x J outputs) stored at rows φh + sh·i, columns
-    φw + sw·j, then zeros at `zero_pixels`. What the kernels compute, with the rounding left out;
-    dx starts as NaN, so a pixel no launch writes shows.
+def in_place_b(p: Conv2dProblem, ph: PhaseLaunch) -> np.ndarray:
+    """(Jh·Jw·K, C) int64: the element of w (KRSC, flat) that the in-place B loader reads for GEMM-K
+    index gk = (jh·Jw + jw)·K + k and GEMM-N index gn = c of phase ``ph``, by the kernel's own
+    arithmetic (``PhaseFilter::row`` of ``14_dgrad.cu`` from the launch's R, S, r_first, r_step,
+    s_first, s_step, plus the column): k·R·S·C + (r_first·S + s_first)·C − jh·r_step·S·C −
+    jw·s_step·C + c."""
+    (jh_n, jw_n), (r0, s0), (r_step, s_step) = ph.taps, ph.first, ph.step
+    first, k_stride, jh_stride, jw_stride = (r0 * p.S + s0) * p.C, p.R * p.S * p.C, r_step * p.S * p.C, s_step * p.C
+    jh, jw, k = np.meshgrid(np.arange(jh_n), np.arange(jw_n), np.arange(p.K), indexing="ij")
+    row = k.astype(np.int64) * k_stride + (first - jh * jh_stride - jw * jw_stride)
+    return row.reshape(-1, 1) + np.arange(p.C)[None, :]
+
+
+def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor, from_w: bool | None = None) -> torch.Tensor:
+    """dx from the launches' own arguments, in float64: per `dgrad_plan` entry its phase filter,
+    read from w by `in_place_b` (the in-place path) or cut from `filter_phases` at the launch's
+    offset (the transposed path), and the unit-stride fprop it launches (dy padded by the phase's
+    padding, which may be negative: a crop; dilation d'; the first I x J outputs) stored at rows
+    φh + sh·i, columns φw + sw·j, then zeros at `zero_pixels`. What the kernels compute, with the
+    rounding left out; dx starts as NaN, so a pixel no launch writes shows.
 
     Args:
         dy: (N, K, P, Q) logical NCHW; w: (K, C, R, S) logical KCRS.
+        from_w: True for the in-place path, False for the transposed one, None for the one the
+            variant takes on ``p`` (`in_place`).
 
     Returns:
         dx, (N, C, H, W) float64.
     """
-    wt = filter_phases(p, w.double())
+    from_w = in_place(p) if from_w is None else from_w
+    w64 = w.double()
+    wt = None if from_w else filter_phases(p, w64)
+    w_flat = w64.permute(0, 2, 3, 1).reshape(-1)  # KRSC, as the kernel reads it
     dy64 = dy.double()
     dx = torch.full((p.N, p.C, p.H, p.W), float("nan"), dtype=torch.float64, device=dy.device)
     for ph in dgrad_plan(p):
         (i, j), (jh, jw) = ph.pixels, ph.taps
-        filt = wt[ph.filter_offset : ph.filter_offset + p.C * jh * jw * p.K].reshape(p.C, jh, jw, p.K)
+        if from_w:  # B[gk][gn] -> the [C][Jh][Jw][K] filter of the phase's fprop
+            filt = w_flat[torch.from_numpy(in_place_b(p, ph)).to(w.device)].T.reshape(p.C, jh, jw, p.K)
+        else:
+            filt = wt[ph.filter_offset : ph.filter_offset + p.C * jh * jw * p.K].reshape(p.C, jh, jw, p.K)
         reach_h, reach_w = (jh - 1) * ph.dil[0], (jw - 1) * ph.dil[1]
         src = F.pad(dy64, (ph.pad[1], j + reach_w, ph.pad[0], i + reach_h))  # right/bottom: zeros enough for I x J
         out = F.conv2d(src, filt.permute(0, 3, 1, 2), dilation=ph.dil)[:, :, :i, :j]
@@ -189,15 +234,16 @@ def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tenso
 
 
 def workspace_bytes(p: Conv2dProblem) -> int:
-    """The phase filters: every tap once, K·R·S·C elements of 2 bytes."""
-    return 2 * p.K * p.R * p.S * p.C
+    """The phase filters of the transposed path: every tap once, K·R·S·C elements of 2 bytes; none
+    when the phase GEMMs read w in place (`in_place`)."""
+    return 0 if in_place(p) else 2 * p.K * p.R * p.S * p.C
 
 
 def dgrad_reason(p: Conv2dProblem) -> str | None:
     """None if the variant runs ``p``, else why not: groups, the zero kernel's phase masks (stride
     <= 32 where a pixel gets no tap), the instantiated tile, and the 32-bit arithmetic of the phase
-    kernels (the phase GEMM-K Jh·Jw·K walk, the I·J and P·Q pixel indices, the dy rows a phase
-    reaches; the zero kernel's is bounded by its grid)."""
+    kernels (the phase GEMM-K Jh·Jw·K walk, the in-place B offsets R·S·C and r_step·S·C, the I·J and
+    P·Q pixel indices, the dy rows a phase reaches; the zero kernel's is bounded by its grid)."""
     if p.groups != 1:
         return f"needs groups = 1; got {p.groups}"
     if any(zero_masks(p)) and max(p.stride) > MAX_ZERO_STRIDE:
@@ -208,6 +254,9 @@ def dgrad_reason(p: Conv2dProblem) -> str | None:
         return f"{CU_FILE} has no entry for tile {cfg.tile.name} with the {cfg.iterator} iterator"
     if p.K * p.R * p.S + 2 * cfg.tile.bk > INT32_MAX:
         return f"GEMM-K = K*R*S = {p.K * p.R * p.S} plus two BK steps does not fit the kernel's 32-bit walk"
+    big = max(max(p.R, p.stride[0]) * p.S * p.C, p.stride[1] * p.C)  # r_step <= stride_h, s_step <= stride_w
+    if in_place(p) and big > INT32_MAX:
+        return f"the in-place B offsets (R*S*C, r_step*S*C, s_step*C: up to {big}) do not fit the kernel's 32-bit ints"
     if p.P * p.Q > INT32_MAX:
         return f"P*Q = {p.P * p.Q} dy pixels per image do not fit the kernel's 32-bit pixel index"
     for ph in dgrad_plan(p):
@@ -230,17 +279,22 @@ def zero_launch(p: Conv2dProblem) -> tuple[LaunchConfig, int]:
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
-    """``filter`` (dgrad_filter_phases on w -> workspace), then per `dgrad_plan` entry
-    ``phase_<φh>_<φw>``: day 13's kernel on dy, the phase filter (``Buffer("workspace", offset)``)
-    and dx (``dgrad_unit_*`` with unit stride: day 13's dense rows), then, if some dx pixel gets no
-    tap, ``zero``: ``dgrad_zero_phases`` on dx with `zero_masks`, those pixels set to 0."""
+    """On the transposed path (not `in_place`) first ``filter`` (dgrad_filter_phases on w ->
+    workspace); then per `dgrad_plan` entry ``phase_<φh>_<φw>``: day 13's kernel on dy, B (w itself
+    in place, else the phase filter, ``Buffer("workspace", offset)``) and dx (``dgrad_unit_*`` with
+    unit stride: day 13's dense rows), with the phase's taps in w (R, S, first, step per axis);
+    then, if some dx pixel gets no tap, ``zero``: ``dgrad_zero_phases`` on dx with `zero_masks`,
+    those pixels set to 0."""
     cfg = choose_config(p)
     t, i32, u32 = cfg.tile, np.int32, np.uint32
-    filt = LaunchConfig(grid=(cdiv(p.C, TRANSPOSE_TILE), cdiv(p.K, TRANSPOSE_TILE), p.R * p.S),
-                        block=(256, 1, 1))  # fmt: skip
-    out = [KernelLaunch("filter", f"dgrad_filter_phases_{p.dtype}", filt,
-                        (Buffer("w"), Buffer("workspace"), *map(i32, (p.K, p.C, p.R, p.S, *p.stride, *p.padding,
-                                                                       *p.dilation))))]  # fmt: skip
+    from_w = in_place(p)
+    out = []
+    if not from_w:
+        filt = LaunchConfig(grid=(cdiv(p.C, TRANSPOSE_TILE), cdiv(p.K, TRANSPOSE_TILE), p.R * p.S),
+                            block=(256, 1, 1))  # fmt: skip
+        out.append(KernelLaunch("filter", f"dgrad_filter_phases_{p.dtype}", filt,
+                                (Buffer("w"), Buffer("workspace"), *map(i32, (p.K, p.C, p.R, p.S, *p.stride,
+                                                                               *p.padding, *p.dilation)))))  # fmt: skip
     unit = "unit_" if p.stride == (1, 1) else ""
     entry = f"dgrad_{unit}{t.name}_{cfg.iterator}_{p.dtype}"
     for ph in dgrad_plan(p):
@@ -250,9 +304,11 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue) -> list[KernelLaunch]:
         lg = cfg.swizzle
         launch = LaunchConfig(grid=(m_tiles << lg, cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
                               shared_bytes=t.shared_bytes)  # fmt: skip
-        args = (Buffer("dy"), Buffer("workspace", 2 * ph.filter_offset), Buffer("dx"),
+        b = Buffer("w") if from_w else Buffer("workspace", 2 * ph.filter_offset)
+        (r0, s0), (r_step, s_step) = ph.first, ph.step
+        args = (Buffer("dy"), b, Buffer("dx"),
                 *map(i32, (p.N, p.K, p.P, p.Q, p.C, *ph.taps, i, j, *ph.pad, *ph.dil, p.H, p.W, *p.stride,
-                           ph.rows.phase, ph.cols.phase, lg)))  # fmt: skip
+                           ph.rows.phase, ph.cols.phase, p.R, p.S, r0, r_step, s0, s_step, lg)))  # fmt: skip
         out.append(KernelLaunch(f"phase_{where}", entry, launch, args))
     zh, zw = zero_masks(p)
     if zh or zw:
@@ -290,9 +346,10 @@ def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig) -> np.ndarray:
 
 
 def dgrad_tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
-    """dy 16-byte aligned for the optimized iterator's cp.async copies; dx 16-byte aligned when
-    C % 8 == 0 (16-byte stores). w is read element by element (the filter kernel). None or the reason."""
-    need = {"dy": VEC_BYTES} if choose_config(p).iterator == "optimized" else {}
+    """dy and w 16-byte aligned for the optimized iterator's cp.async copies (w read in place);
+    dx 16-byte aligned when C % 8 == 0 (16-byte stores). On the other iterators w is read element
+    by element (the filter kernel). None or the reason."""
+    need = {"dy": VEC_BYTES, "w": VEC_BYTES} if in_place(p) else {}
     reason = alignment_reason(tensors, need, "the 16-byte cp.async copies")
     if reason is None and p.C % 8 == 0:
         reason = alignment_reason(tensors, {"dx": VEC_BYTES}, "the epilogue's 16-byte stores")
@@ -304,7 +361,7 @@ DGRAD = register(
         name="dgrad",
         day=14,
         cu_file=CU_FILE,
-        summary="dgrad: day 13's kernel once per filter phase over dy, the phase filters transposed first",
+        summary="dgrad: day 13's kernel once per filter phase over dy, w read in place (or transposed first)",
         supports_fn=dgrad_reason,
         launches_fn=dgrad_launches,
         covers_fn=dgrad_covers,
@@ -320,5 +377,5 @@ DGRAD = register(
 )
 
 __all__ = ["CU_FILE", "DGRAD", "PhaseLaunch", "choose_config", "dgrad_iterator", "dgrad_plan", "filter_phases",
-           "instantiated", "phase_conv", "phase_gemm_problem", "simulate", "workspace_bytes", "zero_masks",
-           "zero_pixels"]  # fmt: skip
+           "in_place", "in_place_b", "instantiated", "phase_conv", "phase_gemm_problem", "phase_taps", "simulate",
+           "workspace_bytes", "zero_masks", "zero_pixels"]  # fmt: skip

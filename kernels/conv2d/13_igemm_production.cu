@@ -51,6 +51,11 @@
 // Shared layout: a stage row is BK halves; 16-byte chunk ch of row r sits at chunk
 //   ch ^ ((r >> 1) & 3) for BK = 32 (day 11's swizzle), ch ^ (r & 7) for BK = 64: ldmatrix and
 //   the cp.async stores are conflict-free (swz, in tensor_core.cuh).
+// B from a filter with GEMM-N contiguous (day 14's dgrad reads w [K][R][S][C] in place, GEMM-N = C):
+//   a Filter policy with B_KN = true (every fprop entry takes KrscFilter, B_KN = false) makes B's
+//   stage [BK][BN], GEMM-K rows of BN/8 chunks: thread chunk (row b_k + B_ROWSTEP * u, column b_ch),
+//   the policy's row(r, s, c) giving where GEMM-K row (r, s, c) starts in w; chunk ch of row r at
+//   ch ^ (r & 7) (swz_trans) and B fragments by ldmatrix.trans, as in day 14's wgrad.
 //
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16,
 // groups = 1, any stride/padding/dilation/filter. OPTIMIZED needs x and w 16-byte aligned and
@@ -112,7 +117,8 @@ struct Conv {
 // ---- the tile description -------------------------------------------------------------------
 // The template parameters and what follows from them. Every phase is templated on one Tile
 // (`class T`) and reads its constants as T::A_PER, T::MI, ...
-template <int BM_, int BN_, int BK_, int WGM_, int WGN_, int STAGES_, int MINB_, int ITER_, bool BF16_>
+template <int BM_, int BN_, int BK_, int WGM_, int WGN_, int STAGES_, int MINB_, int ITER_, bool BF16_,
+          bool B_KN_ = false>
 struct Tile {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, WGM = WGM_, WGN = WGN_, STAGES = STAGES_, MINB = MINB_;
     static constexpr int ITER = ITER_;
@@ -126,6 +132,11 @@ struct Tile {
     static constexpr bool ASYNC = ITER == OPTIMIZED;  // cp.async; the others stage loads in registers
     static constexpr int KK = BK / 16;                // 16-wide GEMM-K slices per stage
     static constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;  // bytes per stage
+    // B_KN: B's stage is [BK][BN] (see the header), B_PER chunks per thread all the same; a thread's
+    // ldmatrix.trans bases differ per 16 columns of GEMM-N (j2), not per slice kk (frag_addresses).
+    static constexpr bool B_KN = B_KN_;
+    static constexpr int B_CPRW = BN / 8, B_ROWSTEP = THREADS / B_CPRW, B_FRAGS = B_KN ? NJ / 2 : KK;
+    static_assert(!B_KN || (ASYNC && THREADS % B_CPRW == 0 && BK % B_ROWSTEP == 0 && B_ROWSTEP % 8 == 0), "B_KN");
 };
 
 // ---- iterator set-up, all three iterators -----------------------------------------------------
@@ -159,11 +170,12 @@ __device__ __forceinline__ void a_rows(int (&h0)[T::A_PER], int (&w0)[T::A_PER],
 }
 
 // Per B chunk row u: filter row k0 + row0 + ROWSTEP * u, at wk + u * ROWSTEP * KG (one pointer,
-// kept by the kernel); b_row[u] says whether that filter exists.
+// kept by the kernel); b_row[u] says whether that filter exists. B_KN: whether GEMM-N columns
+// k0 + 8 * b_ch .. + 7, the same for every u, exist.
 template <class T>
-__device__ __forceinline__ void b_rows(bool (&b_row)[T::B_PER], int k0, int row0, int K) {
+__device__ __forceinline__ void b_rows(bool (&b_row)[T::B_PER], int k0, int row0, int b_ch, int K) {
 #pragma unroll
-    for (int u = 0; u < T::B_PER; ++u) b_row[u] = k0 + row0 + T::ROWSTEP * u < K;
+    for (int u = 0; u < T::B_PER; ++u) b_row[u] = T::B_KN ? k0 + 8 * b_ch < K : k0 + row0 + T::ROWSTEP * u < K;
 }
 
 // ---- iterator set-up, OPTIMIZED only ----------------------------------------------------------
@@ -203,7 +215,7 @@ __device__ __forceinline__ void tap_masks(unsigned (&amask)[T::A_PER], const int
 // Step = (tap r, s; channels c0 .. c0 + BK), advanced after each load: R * S * ceil(C / BK) steps.
 // The members are references to the kernel's variables (its set-up's results and the walk's
 // position r, s, c0), like a lambda's captures.
-template <class T>
+template <class T, class Filter>
 struct OptimizedIterator {
     static constexpr int A_PER = T::A_PER, B_PER = T::B_PER, ROWSTEP = T::ROWSTEP, BK = T::BK;
     // (in the order load_async first uses them)
@@ -219,6 +231,8 @@ struct OptimizedIterator {
     const int& S;
     const idx_t& w_rows;
     const bool (&b_row)[B_PER];
+    const Filter& filt;  // B_KN only
+    const int& b_k;
     __device__ __forceinline__ void load_async(int slot) {
         const int c = c0 + 8 * ch;
         const bool c_in = c < C;
@@ -229,9 +243,17 @@ struct OptimizedIterator {
 #pragma unroll
         for (int u = 0; u < A_PER; ++u)
             cp_async16(da + ROWSTEP * BK * 2 * u, xo[u] + tap_off, c_in && (amask[u] & probe) == probe);
-        const u16* wt = wk + (r * S + s) * C + c;
+        if constexpr (T::B_KN) {  // GEMM-K rows c0 + b_k + B_ROWSTEP * u of tap (r, s), each with BN/8 chunks
+            const u16* wt = wk + filt.row(r, s, c0 + b_k);
 #pragma unroll
-        for (int u = 0; u < B_PER; ++u) cp_async16(db + ROWSTEP * BK * 2 * u, wt + u * w_rows, b_row[u] && c_in);
+            for (int u = 0; u < B_PER; ++u)
+                cp_async16(db + T::B_ROWSTEP * T::BN * 2 * u, wt + u * w_rows,
+                           b_row[u] && c0 + b_k + T::B_ROWSTEP * u < C);
+        } else {
+            const u16* wt = wk + (r * S + s) * C + c;
+#pragma unroll
+            for (int u = 0; u < B_PER; ++u) cp_async16(db + ROWSTEP * BK * 2 * u, wt + u * w_rows, b_row[u] && c_in);
+        }
         c0 += BK;
         if (c0 >= C) {
             c0 = 0;
@@ -329,13 +351,23 @@ struct RegisterIterator {
 // ldmatrix addresses of slice kk, fragment 0, relative to a stage. A row's swizzle key uses bits
 // 0..2 of the row only, and every row offset added later (16 * i, 16 * j2) is a multiple of 8, so
 // each thread's addresses are one computed base plus compile-time constants.
+// B_KN: ldmatrix.trans of [BK][BN]. Lane l gives row l % 8 of matrix l / 8, the matrices (GEMM-K
+// 0-7 | 8-15) x (GEMM-N 0-7 | 8-15) in the order (k0, n0), (k8, n0), (k0, n8), (k8, n8): the b0,
+// b1 of two fragments. Slice kk is 16 rows on (a constant); the 16 columns of j2 are chunks the
+// row's key permutes, so there is one base per j2.
 template <class T>
-__device__ __forceinline__ void frag_addresses(unsigned (&a_frag)[T::KK], unsigned (&b_frag)[T::KK], int wm, int wn,
-                                               int lane) {
+__device__ __forceinline__ void frag_addresses(unsigned (&a_frag)[T::KK], unsigned (&b_frag)[T::B_FRAGS], int wm,
+                                               int wn, int lane) {
 #pragma unroll
     for (int kk = 0; kk < T::KK; ++kk) {
         a_frag[kk] = 2 * swz<T::BK>(T::WTM * wm + lane % 16, 2 * kk + lane / 16);
-        b_frag[kk] = 2 * swz<T::BK>(T::WTN * wn + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+        if constexpr (!T::B_KN)
+            b_frag[kk] = 2 * swz<T::BK>(T::WTN * wn + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+    }
+    if constexpr (T::B_KN) {
+#pragma unroll
+        for (int j2 = 0; j2 < T::NJ / 2; ++j2)
+            b_frag[j2] = 2 * swz_trans<T::BN>(lane % 8 + 8 * ((lane >> 3) & 1), T::WTN * wn / 8 + 2 * j2 + lane / 16);
     }
 }
 
@@ -346,16 +378,18 @@ struct WarpFragments {
     static constexpr int MI = T::MI, NJ = T::NJ, BK = T::BK, KK = T::KK;
     const unsigned &sa_u, &sb_u;
     const unsigned (&a_frag)[KK];
-    const unsigned (&b_frag)[KK];
+    const unsigned (&b_frag)[T::B_FRAGS];
     float (&acc)[MI][NJ][4];
     __device__ __forceinline__ void load_frags(unsigned (&af)[MI][4], unsigned (&bf)[NJ][2], int slot, int kk) {
-        const unsigned ca = sa_u + slot * T::A_STAGE + a_frag[kk], cb = sb_u + slot * T::B_STAGE + b_frag[kk];
+        const unsigned ca = sa_u + slot * T::A_STAGE + a_frag[kk],
+                       cb = sb_u + slot * T::B_STAGE + (T::B_KN ? 16 * T::BN * 2 * kk : b_frag[kk]);
 #pragma unroll
         for (int i = 0; i < MI; ++i) ldsm_x4(af[i], ca + 16 * BK * 2 * i);  // rows 16i + lane % 16
 #pragma unroll
         for (int j2 = 0; j2 < NJ / 2; ++j2) {  // one ldmatrix.x4 = two 16(k) x 8(n) B fragments
             unsigned q[4];
-            ldsm_x4(q, cb + 16 * BK * 2 * j2);
+            if constexpr (T::B_KN) ldsm_x4_trans(q, cb + b_frag[j2]);
+            else ldsm_x4(q, cb + 16 * BK * 2 * j2);
             bf[2 * j2][0] = q[0];
             bf[2 * j2][1] = q[1];
             bf[2 * j2 + 1][0] = q[2];
@@ -468,13 +502,22 @@ struct FpropRows {
     static constexpr bool FPROP = true;
 };
 
+// ---- where B comes from -----------------------------------------------------------------------
+// KrscFilter: B row n is filter n of w [K][R][S][C], its GEMM-K (r, s, c) contiguous: the loads
+// above. Day 14's dgrad passes a policy with B_KN = true and row(r, s, c), the offset in w of
+// GEMM-K row (r, s, c), whose GEMM-N columns are contiguous (see the header).
+struct KrscFilter {
+    static constexpr bool B_KN = false;
+};
+
 // ---- the kernel: which tile, which thread; then the phases in order ---------------------------
-template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16, class Rows = FpropRows>
+template <int BM, int BN, int BK, int WGM, int WGN, int STAGES, int MINB, int ITER, bool BF16, class Rows = FpropRows,
+          class Filter = KrscFilter>
 __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, const u16* __restrict__ w, u16* y,
                                                 const u16* cin, const u16* __restrict__ bias, const Conv cv,
                                                 float alpha, float beta, int relu, int swz_log,
-                                                const Rows rows = Rows{}) {
-    using T = Tile<BM, BN, BK, WGM, WGN, STAGES, MINB, ITER, BF16>;
+                                                const Rows rows = Rows{}, const Filter filt = Filter{}) {
+    using T = Tile<BM, BN, BK, WGM, WGN, STAGES, MINB, ITER, BF16, Filter::B_KN>;
     constexpr int A_PER = T::A_PER, B_PER = T::B_PER, CPRW = T::CPRW, ROWSTEP = T::ROWSTEP, KK = T::KK;
     constexpr bool ASYNC = T::ASYNC;
 
@@ -502,22 +545,33 @@ __device__ __forceinline__ void igemm_production(const u16* __restrict__ x, cons
     a_rows<T>(h0, w0, xn, xo, x, cv, m0, row0, M);
     unsigned amask[A_PER];
     if constexpr (ASYNC) tap_masks<T, Rows::FPROP>(amask, h0, w0, cv, m0, row0, M);
-    const u16* wk = w + (idx_t)(k0 + row0) * KG;
-    const idx_t w_rows = (idx_t)ROWSTEP * KG;
+    const int b_ch = tid % T::B_CPRW, b_k = tid / T::B_CPRW;  // B_KN: this thread's B chunk column, first row
+    const u16* wk;  // B chunk 0 at step 0 (B_KN: its GEMM-N column; the step adds filt.row); chunk u at + u * w_rows
+    idx_t w_rows;
+    if constexpr (T::B_KN) {
+        wk = w + k0 + 8 * b_ch;
+        w_rows = filt.row(0, 0, T::B_ROWSTEP) - filt.row(0, 0, 0);
+    } else {
+        wk = w + (idx_t)(k0 + row0) * KG;
+        w_rows = (idx_t)ROWSTEP * KG;
+    }
     bool b_row[B_PER];
-    b_rows<T>(b_row, k0, row0, K);
+    b_rows<T>(b_row, k0, row0, b_ch, K);
     // Shared-memory byte addresses; the cp.async destinations of this thread's chunks are
     // a_dst + ROWSTEP*BK*2*u (and b_dst + ...) within a stage.
     const unsigned sa_u = smem_addr(sa), sb_u = smem_addr(sb);
-    const unsigned a_dst = 2 * swz<BK>(row0, ch), b_dst = 2 * swz<BK>(row0, ch);
-    unsigned a_frag[KK], b_frag[KK];
+    const unsigned a_dst = 2 * swz<BK>(row0, ch);
+    unsigned b_dst = 2 * swz<BK>(row0, ch);
+    if constexpr (T::B_KN) b_dst = 2 * swz_trans<BN>(b_k, b_ch);
+    unsigned a_frag[KK], b_frag[T::B_FRAGS];
     frag_addresses<T>(a_frag, b_frag, wm, wn, lane);
 
     // The iterators and the fragments: views of the variables above (both iterators are built in
     // every instantiation, as lambdas would be; the one of this ITER runs).
     int r = 0, s = 0, c0 = 0;  // OPTIMIZED: the walk's position, advanced by load_async
     const int steps = ASYNC ? cv.R * S * CEIL_DIV(C, BK) : CEIL_DIV(KG, BK);
-    OptimizedIterator<T> opt{c0, ch, C, r, s, cv, W, sa_u, a_dst, sb_u, b_dst, xo, amask, wk, S, w_rows, b_row};
+    OptimizedIterator<T, Filter> opt{c0, ch, C, r, s, cv, W, sa_u, a_dst, sb_u, b_dst, xo, amask, wk, S, w_rows,
+                                     b_row, filt, b_k};
     u16 ra[A_PER][8], rb[B_PER][8];  // ANALYTIC / FEW_CHANNELS: one step's chunks between fetch and store
     RegisterIterator<T> reg{ch, C, S, KG, cv, h0, w0, H, W, ra, xn, rb, b_row, wk, w_rows, sa, sb, row0};
 

@@ -12,15 +12,23 @@
 // The phases together do exactly the useful multiplications (days/day14_backward/model.py
 // simulates them).
 //
+// A phase's GEMM: GEMM-M = its dx pixels (n, i, j), GEMM-N = C, GEMM-K = (jh, jw, k), k fastest,
+// with B[(jh, jw, k)][c] = w[k][r(jh)][s(jw)][c]: tap jh of a phase is filter row
+// r(jh) = r_first - jh * r_step, r_first its largest tap and r_step = s / gcd(s, d) (the taps of
+// one phase are r_step apart in r; by ascending dy offset, r descends), the same for s(jw).
+//
 // The kernels of a run, in launch order:
-//   dgrad_filter_phases_<dt>   w [K][R][S][C] -> the phase filters, one after another in phase
-//                              order (phi_h, phi_w) row-major, each [C][Jh][Jw][K] (GEMM-N = C
-//                              rows, GEMM-K = (jh, jw, k) contiguous: what day 13's B loads want).
-//                              A 64 x 64 shared-memory transpose per filter tap (r, s).
+//   dgrad_filter_phases_<dt>   ANALYTIC and FEW_CHANNELS only (dy's K or dx's C not a multiple
+//                              of 8): w [K][R][S][C] -> the phase filters, one after another in phase order
+//                              (phi_h, phi_w) row-major, each [C][Jh][Jw][K] (GEMM-N = C rows,
+//                              GEMM-K = (jh, jw, k) contiguous: what day 13's B loads want), in a
+//                              workspace. A 64 x 64 shared-memory transpose per filter tap (r, s).
 //   dgrad_<tile>_<iterator>_<dt>
-//                              day 13's igemm_production on one phase: dy as the input, the phase
-//                              filter as the weights, and PhaseRows as the output map: GEMM-M row
-//                              m = (n, i, j) goes to dx pixel (n, phi_h + sh*i, phi_w + sw*j).
+//                              day 13's igemm_production on one phase: dy as the input, and PhaseRows
+//                              as the output map: GEMM-M row m = (n, i, j) goes to dx pixel
+//                              (n, phi_h + sh*i, phi_w + sw*j). B: OPTIMIZED reads w in place
+//                              (PhaseFilter<true>: a GEMM-K row (jh, jw, k) is w[k][r(jh)][s(jw)][:],
+//                              C contiguous, day 13's B_KN stage), the others the phase filter.
 //                              One launch per phase pair with taps (Python: days/day14_backward/dgrad.py);
 //                              with unit stride, dgrad_unit_* (day 13's dense output map).
 //   dgrad_zero_phases          every dx pixel no tap reaches (its row's or its column's phase has
@@ -53,9 +61,10 @@ __device__ __forceinline__ AxisPlace axis_place(int r, int R, int s, int pad, in
 
 // Phase filters: grid (ceil(C/64), ceil(K/64), R*S), block 256. Block z is filter tap (r, s); it
 // moves the 64 x 64 slab w[k0 .. k0+63][r][s][c0 .. c0+63] through shared memory, reading rows of
-// c and writing rows of k, 16 bytes per thread and access when C and K are multiples of 8
-// (element by element otherwise). Phase (ph, pw) starts at element
-// (before_h * S + Jh * before_w) * C * K: the filters of all earlier phase pairs.
+// c and writing rows of k, 16 bytes per thread and access when C and K are multiples of 8 (here
+// only with R or S > 16, past OPTIMIZED's tap masks), element by element otherwise. Phase
+// (ph, pw) starts at element (before_h * S + Jh * before_w) * C * K: the filters of all earlier
+// phase pairs.
 template <bool BF16>
 __device__ __forceinline__ void dgrad_filter_phases(const u16* __restrict__ w, u16* __restrict__ wt, int K, int C,
                                                     int R, int S, int sh, int sw, int ph, int pw, int dh, int dw) {
@@ -113,6 +122,29 @@ extern "C" __global__ void __launch_bounds__(256) dgrad_filter_phases_bf16(const
     dgrad_filter_phases<true>(w, wt, K, C, R, S, sh, sw, ph, pw, dh, dw);
 }
 
+// ---- where a phase's B comes from ------------------------------------------------------------
+// PhaseFilter<true> (OPTIMIZED): w in place. GEMM-K row (jh, jw, k) of the phase is
+// w[k][r_first - jh * r_step][s_first - jw * s_step][0 .. C-1]: its GEMM-N (C) is contiguous in
+// KRSC, so a BK x BN slab of B is BK rows of w (R*S*C apart), each BN contiguous channels: day 13's
+// B_KN layout, 16-byte cp.async along C (C % 8 == 0, w 16-byte aligned: Python checks) into
+// [BK][BN] stages, fragments by ldmatrix.trans. No transpose, no workspace. Offsets in 32 bits but
+// k * R*S*C (64): R*S*C, r_step*S*C < 2^31 (Python checks). PhaseFilter<false> (ANALYTIC,
+// FEW_CHANNELS): day 13's KRSC loads of the phase filter the transpose wrote; its fields go unread.
+template <bool IN_PLACE>
+struct PhaseFilter {
+    static constexpr bool B_KN = IN_PLACE;
+    int first, k_stride, jh_stride, jw_stride;  // tap (0, 0)'s element (r_first, s_first); R*S*C; r_step*S*C; s_step*C
+    __device__ __forceinline__ idx_t row(int jh, int jw, int k) const {
+        return (idx_t)k * k_stride + (first - jh * jh_stride - jw * jw_stride);
+    }
+};
+
+template <int ITER>
+__device__ __forceinline__ PhaseFilter<ITER == OPTIMIZED> phase_filter(int R, int S, int C, int r_first, int r_step,
+                                                                        int s_first, int s_step) {
+    return {(r_first * S + s_first) * C, R * S * C, r_step * S * C, s_step * C};
+}
+
 // ---- the output map of one phase ------------------------------------------------------------
 // GEMM-M row m = (n, i, j) over N x I x J is dx pixel (n, fh + sh*i, fw + sw*j): element offset
 // ((n*H + h)*W + w)*C. Divisions in 32 bits while m fits (the usual case).
@@ -160,31 +192,35 @@ extern "C" __global__ void dgrad_zero_phases(u16* __restrict__ dx, int H, int W,
 
 // One entry point per (tile description, iterator, dtype), named as day 13's:
 //   dgrad_<BM>x<BN>x<BK>_w<WGM>x<WGN>_s<STAGES>_b<MINB>_<iterator>_<fp16|bf16>
-// Arguments: dy, wt (this phase's filter), dx, N, K, P, Q, C, Jh, Jw, I, J, pad_h, pad_w, dil_h,
-// dil_w (the phase's fprop padding -o_min and dilation d'), H, W, sh, sw, fh, fw (the phase),
-// swz_log.
+// Arguments: dy, wf (OPTIMIZED: w itself; the others: this phase's filter), dx, N, K, P, Q, C, Jh,
+// Jw, I, J, pad_h, pad_w, dil_h, dil_w (the phase's fprop padding -o_min and dilation d'), H, W,
+// sh, sw, fh, fw (the phase), R, S, r_first, r_step, s_first, s_step (its taps in w, read by
+// OPTIMIZED), swz_log.
 #define DGRAD_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, BF16, DT)                                  \
     extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, MINB)                                          \
         dgrad_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(                          \
-            const u16* __restrict__ dy, const u16* __restrict__ wt, u16* dx, int N, int K, int P, int Q, int C, \
+            const u16* __restrict__ dy, const u16* __restrict__ wf, u16* dx, int N, int K, int P, int Q, int C, \
             int Jh, int Jw, int I, int J, int pad_h, int pad_w, int dil_h, int dil_w, int H, int W, int sh,     \
-            int sw, int fh, int fw, int swz_log) {                                                              \
-        igemm_production<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16, PhaseRows>(                                \
-            dy, wt, dx, nullptr, nullptr, Conv{N, K, P, Q, C, Jh, Jw, I, J, 1, 1, pad_h, pad_w, dil_h, dil_w},  \
-            1.0f, 0.0f, 0, swz_log, PhaseRows{I, J, H, W, sh, sw, fh, fw, C});                                  \
+            int sw, int fh, int fw, int R, int S, int r_first, int r_step, int s_first, int s_step,             \
+            int swz_log) {                                                                                      \
+        igemm_production<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16, PhaseRows, PhaseFilter<ITER == OPTIMIZED>>( \
+            dy, wf, dx, nullptr, nullptr, Conv{N, K, P, Q, C, Jh, Jw, I, J, 1, 1, pad_h, pad_w, dil_h, dil_w},  \
+            1.0f, 0.0f, 0, swz_log, PhaseRows{I, J, H, W, sh, sw, fh, fw, C},                                   \
+            phase_filter<ITER>(R, S, C, r_first, r_step, s_first, s_step));                                     \
     }
 // Unit stride: one phase, dx pixel m = GEMM-M row m and I, J = H, W from the padding, so day 13's
 // own FpropRows (a dense output, the unpadded shortcut) holds: dgrad_unit_<tile>_<iterator>_<dt>,
-// the same arguments.
+// the same arguments (r_first = R - 1, r_step = 1: the filter turned around).
 #define DGRAD_UNIT_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, BF16, DT)                             \
     extern "C" __global__ void __launch_bounds__(32 * WGM * WGN, MINB)                                          \
         dgrad_unit_##BM##x##BN##x##BK##_w##WGM##x##WGN##_s##ST##_b##MINB##_##ITNAME##_##DT(                     \
-            const u16* __restrict__ dy, const u16* __restrict__ wt, u16* dx, int N, int K, int P, int Q, int C, \
+            const u16* __restrict__ dy, const u16* __restrict__ wf, u16* dx, int N, int K, int P, int Q, int C, \
             int Jh, int Jw, int I, int J, int pad_h, int pad_w, int dil_h, int dil_w, int H, int W, int sh,     \
-            int sw, int fh, int fw, int swz_log) {                                                              \
-        igemm_production<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16>(                                           \
-            dy, wt, dx, nullptr, nullptr, Conv{N, K, P, Q, C, Jh, Jw, I, J, 1, 1, pad_h, pad_w, dil_h, dil_w},  \
-            1.0f, 0.0f, 0, swz_log);                                                                            \
+            int sw, int fh, int fw, int R, int S, int r_first, int r_step, int s_first, int s_step,             \
+            int swz_log) {                                                                                      \
+        igemm_production<BM, BN, BK, WGM, WGN, ST, MINB, ITER, BF16, FpropRows, PhaseFilter<ITER == OPTIMIZED>>( \
+            dy, wf, dx, nullptr, nullptr, Conv{N, K, P, Q, C, Jh, Jw, I, J, 1, 1, pad_h, pad_w, dil_h, dil_w},  \
+            1.0f, 0.0f, 0, swz_log, FpropRows{}, phase_filter<ITER>(R, S, C, r_first, r_step, s_first, s_step)); \
     }
 #define DGRAD_ENTRY(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME)                    \
     DGRAD_ENTRY_T(BM, BN, BK, WGM, WGN, ST, MINB, ITER, ITNAME, false, fp16)      \

@@ -19,7 +19,7 @@
 //            column n (so its tap r, s and channel c) is the same at every step, decoded once;
 //            its rows' pixels are decoded per step with two FastDiv (multiply-high and shift)
 // Shared layout: row r of a [BK][BM] stage holds BM/8 chunks, chunk ch at ch ^ (r & 7): the
-//   8 rows an ldmatrix reads sit in 8 different 16-byte bank groups.
+//   8 rows an ldmatrix reads sit in 8 different 16-byte bank groups (swz_trans, tensor_core.cuh).
 //
 // Split-K (gridDim.z = SPLITS slices of whole BK steps, z the slowest grid axis):
 //   MODE 0 (direct)   one slice: the block rounds its fp32 tile to the output dtype, stores dw.
@@ -71,12 +71,6 @@ struct WTile {
                   "tile shape");
 };
 
-// Halves offset of chunk ch of row r in a stage whose rows hold `cols` halves (>= 64).
-template <int COLS>
-__device__ __forceinline__ int wswz(int r, int ch) {
-    return r * COLS + ((ch ^ (r & 7)) << 3);
-}
-
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -122,7 +116,7 @@ __device__ __forceinline__ void wgrad(const u16* __restrict__ x, const u16* __re
 #pragma unroll
         for (int u = 0; u < A_PER; ++u) {
             const int row = a_row + T::A_ROWSTEP * u;
-            cp_async16(da + 2 * wswz<BM>(row, a_ch), a_src + ((idx_t)t * BK + T::A_ROWSTEP * u) * K,
+            cp_async16(da + 2 * swz_trans<BM>(row, a_ch), a_src + ((idx_t)t * BK + T::A_ROWSTEP * u) * K,
                        a_col_in && kb + row < k_end);
         }
 #pragma unroll
@@ -133,7 +127,7 @@ __device__ __forceinline__ void wgrad(const u16* __restrict__ x, const u16* __re
             const int h = (int)p * cv.sh + tap_h, w = (int)q * cv.sw + tap_w;
             const bool in = b_col_in && pix < k_end && (unsigned)h < (unsigned)cv.H && (unsigned)w < (unsigned)cv.W;
             const u16* src = x + (((idx_t)img * cv.H + h) * cv.W + w) * C + c;
-            cp_async16(db + 2 * wswz<BN>(row, b_ch), in ? src : x, in);
+            cp_async16(db + 2 * swz_trans<BN>(row, b_ch), in ? src : x, in);
         }
     };
 
@@ -146,10 +140,10 @@ __device__ __forceinline__ void wgrad(const u16* __restrict__ x, const u16* __re
     for (int kk = 0; kk < T::KK; ++kk) {
 #pragma unroll
         for (int i = 0; i < MI; ++i)
-            a_addr[kk][i] = 2 * wswz<BM>(16 * kk + lrow + 8 * (mat / 2), (T::WTM * wm + 16 * i) / 8 + mat % 2);
+            a_addr[kk][i] = 2 * swz_trans<BM>(16 * kk + lrow + 8 * (mat / 2), (T::WTM * wm + 16 * i) / 8 + mat % 2);
 #pragma unroll
         for (int j2 = 0; j2 < NJ / 2; ++j2)
-            b_addr[kk][j2] = 2 * wswz<BN>(16 * kk + lrow + 8 * (mat % 2), (T::WTN * wn + 16 * j2) / 8 + mat / 2);
+            b_addr[kk][j2] = 2 * swz_trans<BN>(16 * kk + lrow + 8 * (mat % 2), (T::WTN * wn + 16 * j2) / 8 + mat / 2);
     }
 
     float acc[MI][NJ][4];

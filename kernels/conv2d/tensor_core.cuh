@@ -6,6 +6,7 @@
 //
 //   wrapper                        PTX instruction                                     min sm
 //   swz<BK>(r, ch)                 none: integer arithmetic (the stage layout)         any
+//   swz_trans<COLS>(r, ch)         none: the same for stages read with .trans          any
 //   smem_addr(p)                   cvta.to.shared (via __cvta_generic_to_shared)       any
 //   ldsm_x4(r, addr)               ldmatrix.sync.aligned.m8n8.x4.shared.b16            sm_75
 //   ldsm_x4_trans(r, addr)         ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16      sm_75
@@ -26,7 +27,7 @@
 //   Warp-level matrix load instruction: ldmatrix      (#warp-level-matrix-instructions-ldmatrix)
 //   Warp Level Matrix Multiply-Accumulate Instructions: mma  (#warp-level-matrix-instructions-mma),
 //     and its Matrix Fragments for mma.m16n8k16 with floating point type (which lane holds which element)
-// The swizzle is day 11's (BK = 32), extended to BK = 64 on day 13.
+// The swizzle is day 11's (BK = 32), extended to BK = 64 on day 13; swz_trans is day 14's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,6 +41,19 @@ __device__ __forceinline__ int swz(int r, int ch) {
     static_assert(BK == 32 || BK == 64, "BK is 32 or 64");
     if constexpr (BK == 32) return r * 32 + ((ch ^ ((r >> 1) & 3)) << 3);
     else return r * 64 + ((ch ^ (r & 7)) << 3);
+}
+
+// Offset (in halves) of 16-byte chunk ch of row r in a [rows][COLS] stage whose rows are GEMM-K
+// (wgrad's pixel-major tiles, dgrad's filter read in place), read with ldmatrix.trans: chunk ch of
+// row r sits at chunk ch ^ (r & 7). Rows are COLS * 2 bytes apart, a multiple of 128, so unswizzled
+// the 8 rows of one 8x8 matrix (the 8 addresses ldmatrix serves together) would share 4 banks; the
+// XOR puts rows 8i .. 8i + 7 of one chunk in 8 different 16-byte bank groups. The stores stay
+// conflict-free too: 8 consecutive threads copy 8 consecutive chunks of one row, and XOR with the
+// row's key only permutes them within their aligned group of 8 (one 128-byte line).
+template <int COLS>
+__device__ __forceinline__ int swz_trans(int r, int ch) {
+    static_assert(COLS % 64 == 0, "rows of whole groups of 8 chunks");
+    return r * COLS + ((ch ^ (r & 7)) << 3);
 }
 
 // The 32-bit shared-memory address of a generic pointer into shared memory (what ldmatrix and

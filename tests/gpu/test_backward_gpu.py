@@ -1,6 +1,7 @@
 """Day 14 on a real GPU: dgrad and wgrad against the float64 reference on the shapes that break
-backward kernels, split-K's determinism (serial and parallel bitwise equal, every split factor),
-NaN-poisoned workspaces, and planted faults that the checks must catch.
+backward kernels, dgrad's in-place B on every optimized tile (unit and strided entries),
+split-K's determinism (serial and parallel bitwise equal, every split factor), NaN-poisoned
+workspaces, and planted faults that the checks must catch.
 
 The generic tests (tests/gpu/test_correctness.py) also run both operations over the edge, quick
 and depthwise suites; these add what is particular to the backward pass.
@@ -13,6 +14,8 @@ import dataclasses
 import pytest
 import torch
 
+from days.day13_igemm_production import ProductionConfig, TileDescription, choose_swizzle
+from days.day14_backward import dgrad as dg
 from days.day14_backward import make_wgrad
 from helpers import gpu
 from helpers.check import bitwise_equal, check, compare
@@ -72,11 +75,52 @@ def test_backward_edges(name: str, edge: str, kind: str):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_dgrad_with_channels_not_a_multiple_of_8(dtype: str):
-    """K % 8 != 0: the phases take day 13's analytic or few-channels iterator; C % 8 != 0: element stores."""
+    """K % 8 != 0 or C % 8 != 0: the phases take day 13's analytic or few-channels iterator on the
+    transposed phase filters (a filter launch first); C % 8 != 0: element stores."""
     for over in (dict(K=5, C=3), dict(K=13, C=21), dict(K=24, C=7)):
         p = Conv2dProblem(N=2, H=11, W=9, R=3, S=3, stride=2, padding=1, dtype=dtype, layout="NHWC", op="dgrad", **over)
+        assert not dg.in_place(p) and get("dgrad").launches(p)[0].name == "filter"
         r = check("dgrad", p, kind="int")
         assert r.ok and r.exact, f"{p.name}: {r.reason}"
+
+
+# Problems for dgrad's in-place B on every optimized tile: C = 136 and K = 200 leave a part-filled
+# GEMM-N tile (c >= C masked) and a part-filled BK step (rows k >= K masked) on every tile.
+IN_PLACE = {
+    "3x3 stride 2, odd H, W": dict(N=2, C=136, H=13, W=11, K=200, R=3, S=3, stride=2, padding=1),
+    "3x3 unit stride (dgrad_unit_*)": dict(N=2, C=136, H=9, W=10, K=200, R=3, S=3, padding=1),
+    "3x2 stride (2, 1), dilation (2, 1)": dict(N=2, C=72, H=15, W=12, K=72, R=3, S=2, stride=(2, 1), padding=1,
+                                               dilation=(2, 1)),
+    "stride 3 > 2x2 filter": dict(N=2, C=64, H=11, W=13, K=24, R=2, S=2, stride=3, padding=1),
+    "strided 1x1": dict(N=4, C=128, H=14, W=14, K=64, R=1, S=1, stride=2),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("edge", list(IN_PLACE))
+@pytest.mark.parametrize("tile", [t for t, its in dg.instantiated().items() if "optimized" in its])
+def test_dgrad_in_place_on_every_optimized_tile(tile: str, edge: str, dtype: str, monkeypatch):
+    """Each optimized tile (forced: day 13's rule picks 128x128x64 only on large layers) reads B from
+    w in place — no filter launch, no workspace — and gives dx exactly on integer inputs, the same
+    bits twice; w is left as it was."""
+    p = Conv2dProblem(**IN_PLACE[edge], dtype=dtype, layout="NHWC", op="dgrad")
+    t = TileDescription.parse(tile)
+    forced = ProductionConfig(t, "optimized", choose_swizzle(dg.phase_gemm_problem(p), t))
+    monkeypatch.setattr(dg, "choose_config", lambda q: forced)
+    v = get("dgrad")
+    assert v.supports(p) is None, v.supports(p)
+    ks = v.launches(p)
+    assert "filter" not in [k.name for k in ks] and v.workspace_bytes(p) == 0
+    assert all(f"_{tile}_optimized_" in k.entry for k in ks if k.name.startswith("phase_"))
+    r = check(v, p, kind="int")
+    assert r.ok and r.exact and r.repeat_bitwise, f"{tile} on {p.name}: {r.reason}"
+    dy, w = p.make_inputs(device="cuda", seed=3)
+    w0 = w.clone()
+    plan, out = prepare(v, p, dy, w)
+    assert plan.workspace is None
+    plan()
+    torch.cuda.synchronize()
+    assert bitwise_equal(w, w0) and within_bound(p, dy, w, out)
 
 
 def test_wgrad_refuses_channels_not_a_multiple_of_8():
@@ -98,8 +142,11 @@ def test_serial_and_parallel_split_k_are_bitwise_equal(splits: int):
 
 @pytest.mark.parametrize("name", BACKWARD)
 def test_nan_poisoned_workspace_is_never_read_before_written(name: str):
+    """dgrad's workspace (the transposed phase filters: K = 60, so the analytic iterator) and
+    wgrad's (partials, semaphores) filled with 0xFF bytes change nothing."""
     v = get(name) if name == "dgrad" else make_wgrad(name, "serial" if name == "wgrad_serial" else "parallel", splits=4)
-    p = Conv2dProblem(N=8, C=64, H=14, W=14, K=64, R=3, S=3, stride=2, padding=1, op=v.op, **NHWC)
+    K = 60 if name == "dgrad" else 64  # dgrad with K = 64 reads w in place: no workspace
+    p = Conv2dProblem(N=8, C=64, H=14, W=14, K=K, R=3, S=3, stride=2, padding=1, op=v.op, **NHWC)
     a, b = p.make_inputs(device="cuda", seed=2)
     clean = run(v, p, a, b).clone()
     plan, out = prepare(v, p, a, b)
