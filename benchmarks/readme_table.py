@@ -9,7 +9,8 @@ Two sections, each between a pair of HTML comment markers:
   ``notebooks/day_NN_*.ipynb`` exists and says "planned" otherwise, and lists its registered
   variants (`helpers.variants.all_variants`) or, before there are any, the planned ones;
 * ``results``: for every ``benchmarks/results/<gpu>/<suite>.csv`` written by
-  ``python -m benchmarks``, one table per GPU × suite: per variant that ran, the dtype and
+  ``python -m benchmarks`` (not the tuner's ``tune_*.csv``, which get one summary table per GPU:
+  `tuning_table`), one table per GPU × suite: per variant that ran, the dtype and
   layout it ran in, the problems checked and passed and the geometric mean of ×cuDNN (cuDNN's
   median time in that dtype and layout / the variant's, > 1 is faster), one baseline row per
   dtype and layout, and the count of variants that refused every problem; with the GPU,
@@ -185,17 +186,52 @@ def results_table(csv: Path) -> str:
     return "\n".join([heading, "", versions, "", *rows])
 
 
+TUNE_PREFIX = "tune_"  # python -m benchmarks.tune's CSVs (and ``*_sweep.csv``, its exhaustive sweeps)
+
+
+def tuning_table(gpu_dir: Path) -> str:
+    """The tuner's committed runs on one GPU (``tune_<suite>_<variant>_<dtype>_<layout>.csv``), a
+    row each: problems tuned, summed tuning seconds (cold cache, builds included), geomean x cuDNN
+    of the tuned choice and of the fitted rule, and of the tuned time over the exhaustive best
+    where the run swept; "" without such files."""
+    rows, gpu = [], gpu_dir.name
+    for csv in sorted(gpu_dir.glob(f"{TUNE_PREFIX}*.csv")):
+        if csv.stem.endswith("_sweep"):
+            continue
+        df = pd.read_csv(csv)
+        gpu = str(df.gpu.iloc[0]) if "gpu" in df and len(df) else gpu
+        ok = df[df.status == "ok"]
+
+        def geo(s: pd.Series) -> str:
+            s = s.dropna()
+            return f"{math.exp(sum(math.log(v) for v in s) / len(s)):.3f}" if len(s) else "—"
+
+        best = geo(ok.best_ms / ok.ms) if "best_ms" in ok else "—"
+        tuned = geo(ok.x_cudnn) if "x_cudnn" in ok else "—"
+        rule = geo(ok.rule_x_cudnn) if "rule_x_cudnn" in ok else "—"
+        rows.append(f"| [{csv.stem.removeprefix(TUNE_PREFIX)}](benchmarks/results/{gpu_dir.name}/{csv.name}) | "
+                    f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} |")  # fmt: skip
+    if not rows:
+        return ""
+    head = ["| tuning run | problems tuned | tune s (sum) | tuned ×cuDNN | rule ×cuDNN | tuned / exhaustive best |",
+            "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    return "\n".join([f"### {gpu} — tuning (`python -m benchmarks.tune`)", "", *head, *rows])
+
+
 def results_section(results_dir: Path = RESULTS) -> str:
-    """Every committed results CSV as a table, GPUs and suites in a fixed order; or `NO_RESULTS`."""
-    csvs = sorted(results_dir.glob("*/*.csv"), key=lambda p: (p.parent.name, _csv_key(p)))
-    if not csvs:
+    """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
+    tuning runs (`tuning_table`); or `NO_RESULTS`."""
+    csvs = sorted((p for p in results_dir.glob("*/*.csv") if not p.name.startswith(TUNE_PREFIX)),
+                  key=lambda p: (p.parent.name, _csv_key(p)))  # fmt: skip
+    tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
+    if not csvs and not tuning:
         return NO_RESULTS
     intro = (
         "×cuDNN is cuDNN's median time divided by the variant's (> 1: faster than cuDNN), "
         "geometric mean over the problems the variant passed and was timed on (runs with "
         "`--no-check` are listed apart, as unchecked). Regenerate with `python -m benchmarks.readme_table`."
     )
-    return "\n\n".join([intro, *(results_table(c) for c in csvs)])
+    return "\n\n".join([intro, *(results_table(c) for c in csvs), *tuning])
 
 
 def render_readme(text: str, results_dir: Path = RESULTS, nb_dir: Path = NOTEBOOKS) -> str:

@@ -97,8 +97,8 @@ def gemm_tile(p: Conv2dProblem, t: TileDescription) -> GemmTile:
 
 def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
     """Every buildable tile with its default swizzle (`choose_swizzle`), the model's time each,
-    in families by block shape (BM x BN x BK); the rule's tile is the prior. Without the optimized iterator: the rule's configuration only
-    (built from the ``.cu`` file's entries)."""
+    in families by block shape (BM x BN x BK); the rule's tile is the prior. Without the optimized
+    iterator: the rule's configuration only (built from the ``.cu`` file's entries)."""
     rule = choose(p)
     if choose_iterator(p) != "optimized":
         return [Candidate(f"rule:{rule.tile.name}_{rule.iterator}_sw{rule.swizzle}", get(VARIANT), math.nan, True)]
