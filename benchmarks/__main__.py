@@ -3,6 +3,7 @@
     python -m benchmarks --suite quick
     python -m benchmarks --suite seed --variants naive z_out
     python -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC
+    python -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --tuned   # + the tuned flavours
 
 Without ``--dtype``/``--layout`` every variant (or each named with ``--variants``) runs in its own
 layout and dtype, against cuDNN in that layout and dtype; ``--dtype``/``--layout`` convert the
@@ -40,7 +41,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-check", action="store_true", help="time without checking correctness first")
     ap.add_argument("--skip-big", action="store_true", help="leave out problems with tensors of >= 2^31 elements")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--tuned", nargs="?", const="default", default=None, metavar="CACHE",
+                    help="also run each tunable variant's tuned flavour (<name>_tuned: the choice python -m "
+                         "benchmarks.tune cached, the rule's where none), from CACHE or the default cache")  # fmt: skip
     return ap.parse_args(argv)
+
+
+def with_tuned(vs: list, cache_path: str | None) -> list:
+    """``vs`` and, after each variant with a search space (`helpers.tune.SPACES`), its tuned flavour
+    (`helpers.tune.tuned`) reading the cache at ``cache_path`` ("default": `helpers.tune.default_cache_path`)."""
+    from helpers import tune
+
+    cache = tune.TuneCache(None if cache_path in (None, "default") else Path(cache_path))
+    out = []
+    for v in vs:
+        out.append(v)
+        try:
+            out.append(tune.tuned(v.name, cache))
+        except KeyError:  # no search space: nothing to add
+            pass
+    return out
 
 
 def default_variants(args: argparse.Namespace) -> list:
@@ -86,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except gpu.NoGPUError as e:
         print(f"python -m benchmarks: {e}", file=sys.stderr)
         return 2
+    if args.tuned:
+        vs = with_tuned(vs, args.tuned)
 
     import pandas as pd
 

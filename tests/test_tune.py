@@ -325,3 +325,17 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
     assert df.x_cudnn.iloc[0] == pytest.approx(0.8) and df.cudnn_error.notna().sum() == 2  # the K = 64 layers
     sw = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC_sweep.csv")
     assert len(sw) == 6 and set(sw.columns) == {"problem", "config", "model_us", "ms"}
+
+
+def test_bench_cli_adds_tuned_flavours_after_tunable_variants(tmp_path):
+    """``python -m benchmarks --tuned CACHE``: each variant with a search space is followed by its
+    tuned flavour reading that cache; the others are left alone."""
+    from benchmarks.__main__ import parse_args, with_tuned
+
+    cache = tmp_path / "t.json"
+    ht.TuneCache(cache, environment=ENV)  # an empty cache file need not exist yet
+    vs = with_tuned([get("igemm_mma"), get("igemm_production")], str(cache))
+    assert [v.name for v in vs] == ["igemm_mma", "igemm_production", "igemm_production_tuned"]
+    assert str(cache) in vs[-1].summary
+    assert parse_args(["--tuned"]).tuned == "default" and parse_args([]).tuned is None
+    assert parse_args(["--tuned", str(cache)]).tuned == str(cache)
