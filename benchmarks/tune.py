@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = []
             for p, st in zip(problems, df.status):
                 try:
-                    extra.append(cudnn_columns(base.adapt(p)) if st == "ok" else {})
+                    extra.append(cudnn_columns(base.adapt(p, op=True)) if st == "ok" else {})
                 except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                     extra.append({"cudnn_error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"})
             df = pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1)

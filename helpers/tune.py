@@ -520,7 +520,7 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
 
 def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache | None = None, keep: int = KEEP,
          exhaustive: bool = False, budget_s: float | None = None, progress: bool = True) -> pd.DataFrame:  # fmt: skip
-    """Tune ``variant`` on every problem (each in the variant's own dtype and layout,
+    """Tune ``variant`` on every problem (each in the variant's own dtype, layout and operation,
     `Variant.adapt`): one row per problem as `tune_problem` gives it, plus ``status``.
 
     The searches are enumerated first and every build they need is compiled in one parallel
@@ -541,7 +541,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
     t0 = time.perf_counter()
     rows: dict[int, dict] = {}
     searches: dict[int, Search] = {}
-    problems = [base.adapt(p) for p in problems]
+    problems = [base.adapt(p, op=True) for p in problems]  # an fprop suite's shapes as this variant's op
     for i, p in enumerate(problems):
         try:
             hit = _hit_row(space, p, cache)

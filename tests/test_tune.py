@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from days.day13_igemm_production import INSTANTIATED, TileDescription, choose, space, tune_defines
+from days.day14_backward.wgrad import tiles as wgrad_tiles
 from helpers import compile as hc
 from helpers import gpu
 from helpers import tune as ht
@@ -339,3 +340,42 @@ def test_bench_cli_adds_tuned_flavours_after_tunable_variants(tmp_path):
     assert str(cache) in vs[-1].summary
     assert parse_args(["--tuned"]).tuned == "default" and parse_args([]).tuned is None
     assert parse_args(["--tuned", str(cache)]).tuned == str(cache)
+
+
+def test_wgrad_space_has_the_rule_as_prior_and_splits_as_launch_arguments():
+    from days.day14_backward import choose_wgrad
+    from days.day14_backward import space as wsp
+
+    sp = ht.space_of("wgrad")
+    for p in suite("resnet50", op="wgrad", **NHWC16):
+        cands = sp.candidates(p, ht.H200)
+        (prior,) = [c for c in cands if c.prior]
+        rule = choose_wgrad(p)
+        assert prior.config == wsp.config_name(rule.tile, rule.splits)
+        assert {c.family for c in cands} == set(wsp.tiles())  # every WGRAD_ENTRY tile
+        for c in cands:
+            tile, s = wsp.parse_config(c.config)
+            assert 1 <= s <= wsp.max_splits(p, tile) or s == rule.splits
+    p = suite("resnet50", op="wgrad", **NHWC16)[0]
+    v = sp.variant_for("128x64x32_w2x2_s4_k16", p)
+    main, reduce = v.launches(p)
+    assert main.config.grid[2] == 16 and reduce.name == "reduce" and main.defines == ()  # one module for every tile
+    assert sp.variations("128x64x32_w2x2_s4_k16", p) == ["128x64x32_w2x2_s4_k11", "128x64x32_w2x2_s4_k23"]
+    with pytest.raises(ValueError, match="WGRAD_ENTRY tile"):
+        wsp.parse_config("96x64x32_w2x2_s4_k4")
+
+
+def test_tune_runs_a_backward_space_on_an_fprop_suite(monkeypatch, tmp_path):
+    """`tune` turns the suite's fprop problems into the variant's own operation (wgrad here)."""
+    FakeGPU(monkeypatch, {})
+    seen = []
+    real = ht.measure
+
+    def measure(space, search, cache=None):
+        seen.append(search.problem.op)
+        return real(space, search, cache)
+
+    monkeypatch.setattr(ht, "measure", measure)
+    df = ht.tune("wgrad", suite("resnet50", **NHWC16)[:2], None, progress=False)
+    assert list(df.status) == ["ok", "ok"] and seen == ["wgrad", "wgrad"]
+    assert all(cfg.rsplit("_k", 1)[0] in wgrad_tiles() for cfg in df.config)

@@ -1,0 +1,108 @@
+"""Day 14's wgrad search space for day 15's tuner: every ``WGRAD_ENTRY`` tile of ``14_wgrad.cu``
+times split factors, parallel split-K.
+
+A configuration is named ``<tile>_k<splits>``, e.g. ``128x64x32_w2x2_s4_k23``. All tiles live in
+one module (one build); the split factor is a launch argument. The candidates are each tile at
+split factors 1, 2, 4, ... up to the steps of GEMM-K allow `MIN_SLICE_STEPS` per slice, plus the
+rule's own factor (`choose_splits`); the family is the tile, so each tile's best-predicted split
+is timed. The winner's variations are the split factors between its neighbours in that ladder.
+The model (`helpers.tune.gemm_tile_us`) sees the GEMM M = K, N = C·R·S, GEMM-K = N·P·Q split
+``splits`` ways, and the partials' traffic (each slice writes, the reduction reads, K·C·R·S fp32
+values) as extra DRAM bytes, plus the reduction's launch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import cache
+
+from helpers.problem import Conv2dProblem
+from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
+from helpers.variants import Variant
+
+from ..kit import cdiv
+from .wgrad import MIN_SLICE_STEPS, WgradTile, choose_wgrad, make_wgrad, tiles
+
+VARIANT = "wgrad"
+
+
+def config_name(tile: WgradTile, splits: int) -> str:
+    return f"{tile.name}_k{splits}"
+
+
+def parse_config(config: str) -> tuple[WgradTile, int]:
+    """``"128x64x32_w2x2_s4_k23"`` -> (that tile, 23).
+
+    Raises:
+        ValueError: not a configuration name, or a tile ``14_wgrad.cu`` does not instantiate.
+    """
+    m = re.fullmatch(r"(.+)_k(\d+)", config)
+    if not m or m.group(1) not in tiles():
+        raise ValueError(f"a {VARIANT} configuration looks like '128x64x32_w2x2_s4_k23' (a WGRAD_ENTRY tile); "
+                         f"got {config!r}")  # fmt: skip
+    return tiles()[m.group(1)], int(m.group(2))
+
+
+@cache
+def variant_for(config: str) -> Variant:
+    """The parallel split-K variant of a configuration (one object per name)."""
+    tile, splits = parse_config(config)
+    return make_wgrad(f"{VARIANT}[{config}]", tile=tile, splits=splits)
+
+
+def max_splits(p: Conv2dProblem, tile: WgradTile) -> int:
+    """The most slices that leave each at least `MIN_SLICE_STEPS` GEMM-K steps (at least 1)."""
+    return max(1, cdiv(p.N * p.P * p.Q, tile.bk) // MIN_SLICE_STEPS)
+
+
+def ladder(p: Conv2dProblem, tile: WgradTile) -> list[int]:
+    """1, 2, 4, ... up to `max_splits`, and the rule's factor."""
+    top = max_splits(p, tile)
+    out = {1 << i for i in range(top.bit_length()) if 1 << i <= top}
+    out.add(choose_wgrad(p, tile=tile).splits)
+    return sorted(out)
+
+
+def gemm_tile(p: Conv2dProblem, tile: WgradTile, splits: int) -> GemmTile:
+    """The model's view: M = K, N = C·R·S, GEMM-K = N·P·Q in ``splits`` slices; registers
+    estimated as the accumulators plus 80; DRAM: x and dy once, dw, and with more than one slice
+    the partials written and read back (8 bytes per dw element per slice)."""
+    g = p.gemm
+    wm, wn = tile.bm // tile.warps_m, tile.bn // tile.warps_n
+    regs = min(255, wm * wn // 32 + 80)
+    kn = p.K * p.C * p.R * p.S
+    partials = 8 * splits * kn if splits > 1 else 0
+    return GemmTile(m=g.m, n=g.n, k=g.k, bm=tile.bm, bn=tile.bn, bk=tile.bk, warp_m=wm, warp_n=wn,
+                    threads=tile.threads, stages=tile.stages, shared_bytes=tile.shared_bytes, regs=regs,
+                    steps=cdiv(cdiv(g.k, tile.bk), splits), splits=splits, dram_bytes=p.min_bytes,
+                    extra_bytes=partials)  # fmt: skip
+
+
+def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every tile at every split of its `ladder`; the rule's (tile, splits) is the prior. The
+    reduction of a split run costs one more launch (``machine.launch_us``)."""
+    rule = choose_wgrad(p)
+    out = []
+    for tile in tiles().values():
+        for s in ladder(p, tile):
+            us = gemm_tile_us(gemm_tile(p, tile, s), machine) + (machine.launch_us if s > 1 else 0.0)
+            cfg = config_name(tile, s)
+            out.append(Candidate(cfg, variant_for(cfg), us, tile == rule.tile and s == rule.splits, family=tile.name))
+    return out
+
+
+def variations(config: str, p: Conv2dProblem) -> list[str]:
+    """Split factors between the configuration's neighbours in its tile's `ladder` (about 0.7x and
+    1.4x of it), where they are new factors."""
+    tile, s = parse_config(config)
+    top = max_splits(p, tile)
+    out = []
+    for f in (round(s / math.sqrt(2)), round(s * math.sqrt(2))):
+        if 1 <= f <= top and f != s and f not in ladder(p, tile):
+            out.append(config_name(tile, f))
+    return out
+
+
+SPACE = register_space(Space(VARIANT, candidates, variations, lambda cfg, p: variant_for(cfg),
+                             summary="WGRAD_ENTRY tiles x split factors (parallel split-K)"))  # fmt: skip
