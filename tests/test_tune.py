@@ -379,3 +379,22 @@ def test_tune_runs_a_backward_space_on_an_fprop_suite(monkeypatch, tmp_path):
     df = ht.tune("wgrad", suite("resnet50", **NHWC16)[:2], None, progress=False)
     assert list(df.status) == ["ok", "ok"] and seen == ["wgrad", "wgrad"]
     assert all(cfg.rsplit("_k", 1)[0] in wgrad_tiles() for cfg in df.config)
+
+
+def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_prior():
+    from days.day14_backward import dgrad as dg
+
+    sp = ht.space_of("dgrad")
+    for p in suite("resnet50", op="dgrad", **NHWC16) + [replace(P1, op="dgrad", K=12, name="")]:
+        rule = dg.choose_config(p)
+        cands = sp.candidates(p, ht.H200)
+        (prior,) = [c for c in cands if c.prior]
+        assert prior.config == space.config_name(rule.tile, rule.swizzle)
+        assert {c.family for c in cands} == {n for n, its in dg.instantiated().items() if rule.iterator in its}
+        for c in cands:
+            (k, *_) = [k for k in c.variant.launches(p) if k.name.startswith("phase")]
+            assert k.entry.endswith(f"{space.parse_config(c.config)[0].name}_{rule.iterator}_fp16")
+    assert "no entry for tile 256x64x32_w4x2_s4_b1" in dg.make_dgrad("x", tile="256x64x32_w4x2_s4_b1").supports(
+        replace(P1, op="dgrad", name=""), smem_limit=227 * 1024)  # fmt: skip
+    with pytest.raises(ValueError, match="swizzle = 7"):
+        dg.make_dgrad("x", swizzle=7)

@@ -10,7 +10,8 @@
   kernel, dx and dw on day 14's) and a ResNet bottleneck block trained against torch's;
 * `wgrad` — the ``wgrad`` (parallel split-K) and ``wgrad_serial`` (serial split-K) variants
   (``14_wgrad.cu``): an implicit GEMM over N·P·Q whose fragments come from ``ldmatrix.trans``;
-* `space` — day 15's search space for ``wgrad``: its tiles x split factors.
+* `space` — day 15's search spaces: ``wgrad`` (its tiles x split factors) and ``dgrad`` (its tiles
+  x swizzles).
 
 Sources: NVIDIA CUTLASS, ``docs/implicit_gemm_convolution.md`` (dgrad and wgrad as implicit
 GEMMs; the strided dgrad iterators) and ``docs/efficient_gemm.md`` (parallelized reductions:
@@ -20,7 +21,16 @@ multiplication" (PLDI 1994), for ``FastDiv``.
 """
 
 from . import dgrad, model, space, train, wgrad  # space: registers day 15's search space for wgrad
-from .dgrad import DGRAD, PhaseLaunch, choose_config, dgrad_iterator, dgrad_plan, phase_conv, phase_gemm_problem
+from .dgrad import (
+    DGRAD,
+    PhaseLaunch,
+    choose_config,
+    dgrad_iterator,
+    dgrad_plan,
+    make_dgrad,
+    phase_conv,
+    phase_gemm_problem,
+)
 from .model import (
     AxisPhase,
     axis_phases,
@@ -45,6 +55,6 @@ from .wgrad import (
 __all__ = [
     "DGRAD", "WGRAD", "WGRAD_SERIAL", "AxisPhase", "PhaseLaunch", "WgradConfig", "WgradTile", "axis_phases",
     "choose_config", "choose_splits", "choose_wgrad", "dgrad", "dgrad_by_phases", "dgrad_iterator",
-    "dgrad_mac_counts", "dgrad_phases", "dgrad_plan", "fast_div", "fast_div_apply", "make_wgrad", "model",
+    "dgrad_mac_counts", "dgrad_phases", "dgrad_plan", "fast_div", "fast_div_apply", "make_dgrad", "make_wgrad", "model",
     "phase_conv", "phase_gemm_problem", "space", "split_k_slices", "train", "wgrad", "wgrad_split_k",
 ]  # fmt: skip

@@ -1,6 +1,8 @@
-"""Day 14's wgrad search space for day 15's tuner: every ``WGRAD_ENTRY`` tile of ``14_wgrad.cu``
-times split factors, parallel split-K.
+"""Day 14's search spaces for day 15's tuner: ``wgrad`` (every ``WGRAD_ENTRY`` tile of
+``14_wgrad.cu`` times split factors, parallel split-K) and ``dgrad`` (every ``DGRAD_ENTRY`` tile
+with the problem's iterator times the threadblock swizzle).
 
+**wgrad.**
 A configuration is named ``<tile>_k<splits>``, e.g. ``128x64x32_w2x2_s4_k23``. All tiles live in
 one module (one build); the split factor is a launch argument. The candidates are each tile at
 split factors 1, 2, 4, ... up to the steps of GEMM-K allow `MIN_SLICE_STEPS` per slice, plus the
@@ -9,19 +11,27 @@ is timed. The winner's variations are the split factors between its neighbours i
 The model (`helpers.tune.gemm_tile_us`) sees the GEMM M = K, N = C·R·S, GEMM-K = N·P·Q split
 ``splits`` ways, and the partials' traffic (each slice writes, the reduction reads, K·C·R·S fp32
 values) as extra DRAM bytes, plus the reduction's launch.
+
+**dgrad.** A configuration is named as day 13's, ``<tile>_sw<swizzle>``. All tiles live in one module;
+the swizzle is a launch argument (the variations). The model sees each phase GEMM as the largest
+phase's (M = N·⌈H/sh⌉·⌈W/sw⌉, N = C, GEMM-K = K·⌈R/sh⌉·⌈S/sw⌉), once per phase launch.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from functools import cache
 
 from helpers.problem import Conv2dProblem
 from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import Variant
 
+from ..day13_igemm_production import TileDescription
+from ..day13_igemm_production import space as fprop_space
 from ..kit import cdiv
+from .dgrad import choose_config, dgrad_plan, instantiated, make_dgrad, phase_gemm_problem
 from .wgrad import MIN_SLICE_STEPS, WgradTile, choose_wgrad, make_wgrad, tiles
 
 VARIANT = "wgrad"
@@ -106,3 +116,49 @@ def variations(config: str, p: Conv2dProblem) -> list[str]:
 
 SPACE = register_space(Space(VARIANT, candidates, variations, lambda cfg, p: variant_for(cfg),
                              summary="WGRAD_ENTRY tiles x split factors (parallel split-K)"))  # fmt: skip
+
+
+# ---- dgrad ------------------------------------------------------------------------------------------
+
+
+@cache
+def dgrad_variant_for(config: str) -> Variant:
+    """The dgrad variant of a configuration ``<tile>_sw<swizzle>`` (one object per name)."""
+    tile, sw = fprop_space.parse_config(config)
+    return make_dgrad(f"dgrad[{config}]", tile=tile, swizzle=sw)
+
+
+def dgrad_gemm_tile(p: Conv2dProblem, tile: TileDescription) -> GemmTile:
+    """The model's view of one phase GEMM: day 13's `fprop_space.gemm_tile` of the largest phase
+    (`phase_gemm_problem`) with ⌈R/sh⌉·⌈S/sw⌉ taps, its share of the tensors' bytes."""
+    g = phase_gemm_problem(p)
+    taps = cdiv(p.R, p.stride[0]) * cdiv(p.S, p.stride[1])
+    phases = max(len(dgrad_plan(p)), 1)
+    base = fprop_space.gemm_tile(g, tile)
+    return replace(base, k=base.k * taps, steps=taps * cdiv(p.K, tile.bk), dram_bytes=p.min_bytes // phases)
+
+
+def dgrad_candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every ``DGRAD_ENTRY`` tile instantiated with the problem's iterator, at its default swizzle;
+    the rule's (`choose_config`) is the prior; each its own family."""
+    rule = choose_config(p)
+    g = phase_gemm_problem(p)
+    out = []
+    phases = max(len(dgrad_plan(p)), 1)
+    for name, its in instantiated().items():
+        if rule.iterator not in its:
+            continue
+        t = TileDescription.parse(name)
+        cfg = fprop_space.config_name(t, fprop_space.choose_swizzle(g, t))
+        us = phases * gemm_tile_us(dgrad_gemm_tile(p, t), machine)
+        out.append(Candidate(cfg, dgrad_variant_for(cfg), us, t == rule.tile, family=name))
+    return out
+
+
+def dgrad_variations(config: str, p: Conv2dProblem) -> list[str]:
+    """The other swizzles of the tile: 0 .. min(3, ⌈log2(C / BN)⌉)."""
+    return fprop_space.variations(config, replace(phase_gemm_problem(p), name=""))
+
+
+DGRAD_SPACE = register_space(Space("dgrad", dgrad_candidates, dgrad_variations, lambda cfg, p: dgrad_variant_for(cfg),
+                                   summary="DGRAD_ENTRY tiles x threadblock swizzle"))  # fmt: skip
