@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers.bench import geomean
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -129,12 +131,6 @@ def _as_bool(v) -> bool | None:
     return True if s == "true" else False if s == "false" else None
 
 
-def geomean(values: pd.Series) -> float:
-    """Geometric mean of the positive finite values (NaN if there are none)."""
-    v = [float(a) for a in values if a == a and a > 0 and math.isfinite(a)]
-    return math.exp(sum(math.log(a) for a in v) / len(v)) if v else math.nan
-
-
 def results_table(csv: Path) -> str:
     """One GPU × suite section: a heading, the versions and the per-variant summary table."""
     df = pd.read_csv(csv)
@@ -203,8 +199,8 @@ def tuning_table(gpu_dir: Path) -> str:
         ok = df[df.status == "ok"]
 
         def geo(s: pd.Series) -> str:
-            s = s.dropna()
-            return f"{math.exp(sum(math.log(v) for v in s) / len(s)):.3f}" if len(s) else "—"
+            g = geomean(s)
+            return "—" if math.isnan(g) else f"{g:.3f}"
 
         best = geo(ok.best_ms / ok.ms) if "best_ms" in ok else "—"
         tuned = geo(ok.x_cudnn) if "x_cudnn" in ok else "—"

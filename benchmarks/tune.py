@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import sys
 import tempfile
 import time
@@ -90,12 +89,9 @@ def write_sweep(df, path: Path) -> None:
 def summary(df) -> dict:
     """Geomeans over the tuned rows: x cuDNN of the tuned choice and of the rule, tuned over
     exhaustive best (with ``best_ms``), and the summed tuning seconds."""
+    from helpers.bench import geomean as geo
+
     ok = df[df.status == "ok"]
-
-    def geo(s) -> float:
-        s = s.dropna()
-        return float(math.exp(sum(math.log(v) for v in s) / len(s))) if len(s) else math.nan
-
     out = {"problems": len(df), "tuned": len(ok), "tune_s": float(ok.tune_s.sum())}
     if "cudnn_ms" in ok:
         out["tuned_x_cudnn"] = geo(ok.cudnn_ms / ok.ms)

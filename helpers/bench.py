@@ -317,9 +317,16 @@ def _too_big(problems: list[Conv2dProblem]) -> str:
             f"{free / 1e9:.1f} GB free")  # fmt: skip
 
 
+def geomean(values) -> float:
+    """Geometric mean of the positive finite values of ``values`` (NaN if there are none): how the
+    series averages ratios such as ×cuDNN."""
+    v = [float(a) for a in values if a == a and a > 0 and math.isfinite(a)]
+    return math.exp(sum(math.log(a) for a in v) / len(v)) if v else math.nan
+
+
 def geomean_x_cudnn(df: pd.DataFrame, checked: bool = True) -> pd.Series:
     """Geometric mean of ``x_cudnn`` per variant over the rows it was timed on: with ``checked``
     only the rows that passed their checks (``status == "ok"``), else only the ``--no-check``
     ones (``"unchecked"``); the two are never mixed, and baselines are left out."""
     d = df[(df.status == ("ok" if checked else "unchecked")) & df.x_cudnn.notna() & (df.x_cudnn > 0)]
-    return d.groupby("variant", sort=False).x_cudnn.apply(lambda s: float(math.exp(s.map(math.log).mean())))
+    return d.groupby("variant", sort=False).x_cudnn.apply(geomean)

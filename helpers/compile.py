@@ -132,12 +132,9 @@ def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple[tuple, s
     return (str(path), src, tuple(sorted((defines or {}).items())), arch), src
 
 
-def is_built(cu_file: str, defines: dict | None, arch: str | None = None) -> bool:
-    """Whether `load_kernel` already holds this build in this process (for any arch if None)."""
-    key, _ = _module_key(cu_file, defines, arch or "")
-    if arch is not None:
-        return key in _modules
-    return any(k[:3] == key[:3] for k in _modules)
+def is_built(cu_file: str, defines: dict | None, arch: str) -> bool:
+    """Whether `load_kernel` already holds this build for ``arch`` in this process."""
+    return _module_key(cu_file, defines, arch)[0] in _modules
 
 
 def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | None = None) -> float:

@@ -332,7 +332,7 @@ def _time_ms(variant: Variant, p: Conv2dProblem, inputs: tuple, reps: int | None
     from .timing import time_gpu
     from .variants import prepare
 
-    plan, out = prepare(variant, p, *inputs)
+    plan, out = prepare(variant, p, *inputs, cache=True)  # a candidate is timed up to three times: plan it once
     kw = {"reps": reps} if reps else {"target_ms": target_ms}
     return time_gpu(plan, warmup=1, **kw).ms_p50, out
 
@@ -551,7 +551,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
                 searches[i] = enumerate_search(space, p, keep)
         except Exception as e:  # noqa: BLE001 - one problem's fault is its row; the run goes on
             rows[i] = _fault_row(space, p, e)
-    jobs, first = _new_jobs({i: s for i, s in searches.items() if i not in rows})
+    jobs, first = _new_jobs({i: s for i, s in searches.items() if i not in rows}, arch)
     compile_s = build_many(jobs, arch) if jobs else 0.0
     for i, s in tqdm(searches.items(), disable=not progress, desc=f"tune {space.variant}"):
         if i in rows:
@@ -567,7 +567,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
             rows[i] = _fault_row(space, s.problem, e)
     if exhaustive:  # after the tuner has answered every problem: its times are its own
         todo = {i: s for i, s in searches.items() if rows[i]["status"] == "ok"}
-        jobs, first = _new_jobs(todo, exhaustive=True)
+        jobs, first = _new_jobs(todo, arch, exhaustive=True)
         build_s = build_many(jobs, arch) if jobs else 0.0
         for i, s in tqdm(todo.items(), disable=not progress, desc=f"sweep {space.variant}"):
             try:
@@ -579,7 +579,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
     return pd.DataFrame([rows[i] for i in sorted(rows)])
 
 
-def _new_jobs(searches: dict, exhaustive: bool = False) -> tuple[list, dict]:
+def _new_jobs(searches: dict, arch: str, exhaustive: bool = False) -> tuple[list, dict]:
     """The distinct builds of ``searches`` ({index: Search}) not yet built, and per index how many
     of them it was the first to need (its share of the parallel build's wall time)."""
     from .compile import is_built
@@ -588,7 +588,7 @@ def _new_jobs(searches: dict, exhaustive: bool = False) -> tuple[list, dict]:
     for i, s in searches.items():
         for cu_file, defines in s.jobs(exhaustive):
             key = (cu_file, tuple(sorted(defines.items())))
-            if key not in seen and not is_built(cu_file, defines):
+            if key not in seen and not is_built(cu_file, defines, arch):
                 seen.add(key)
                 jobs.append((cu_file, defines))
                 first[i] = first.get(i, 0) + 1
