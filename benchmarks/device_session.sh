@@ -9,7 +9,8 @@
 #                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
 #   benchmarks/device_session.sh tune [SUITE ...]   # day 15's CSVs: per SUITE (default: resnet50 outside) a cold
-#                                                   # tune with the exhaustive sweep, then a warm rerun
+#                                                   # tune with the exhaustive sweep, then a warm rerun;
+#                                                   # VARIANTS="a b" tunes only those, SWEEP=0 skips the sweep
 #
 # e.g. after the day 12 / day 13 split (day 12 = igemm_pipelined, day 13 = igemm_production):
 #   benchmarks/device_session.sh tests tests/gpu/test_pipelined_gpu.py tests/gpu/test_production_gpu.py
@@ -73,11 +74,18 @@ case "$part" in
   tune)
     cache="$out/tune_cache.json"
     rm -f "$cache"
+    PYCUDA_CACHE_DIR=$(mktemp -d)  # cold: no cubin of an earlier part (the tests build every tile) answers
+    export PYCUDA_CACHE_DIR
+    opts=()
+    [ -n "${VARIANTS:-}" ] && read -ra v <<<"$VARIANTS" && opts+=(--variants "${v[@]}")
+    warm=("${opts[@]}")
+    [ "${SWEEP:-1}" = 0 ] || opts+=(--exhaustive)
     suites=("$@")
     [ ${#suites[@]} -gt 0 ] || suites=(resnet50 outside)
     for s in "${suites[@]}"; do
-      step "tune_$s" python3 -m benchmarks.tune --suite "$s" --exhaustive --cache "$cache" --no-progress
-      step "tune_${s}_warm" python3 -m benchmarks.tune --suite "$s" --cache "$cache" --no-cudnn --no-progress \
+      step "tune_$s" python3 -m benchmarks.tune --suite "$s" "${opts[@]}" --cache "$cache" --no-progress
+      step "tune_${s}_warm" python3 -m benchmarks.tune --suite "$s" "${warm[@]}" --cache "$cache" \
+        --no-cudnn --no-progress \
         --out "$out/warm"
     done
     ;;
