@@ -2,7 +2,8 @@
 
 Two paths share one option list so they build the same code:
 
-* `load_kernel` builds with pycuda's ``SourceModule`` for the current device (needs a GPU), for
+* `load_kernel` builds with pycuda's compiler (``pycuda.compiler.compile``, SourceModule's nvcc
+  call and disk cache) for the current device (needs a GPU), for
   the device's own architecture or the target a variant names (``sm_90a`` for Hopper-only
   instructions: `helpers.variants.Variant.target`), and returns the function with its
   registers, static shared memory and local memory. Modules are cached in-process by (file,
@@ -57,6 +58,8 @@ class CompiledKernel:
         shared_static_bytes: statically declared ``__shared__`` bytes per block.
         local_bytes: local memory per thread (stack and spills; 0 is what we want).
         max_threads_per_block: the most threads a block of this kernel may have.
+        param_offsets: where the driver expects each parameter in the argument buffer, in bytes
+            (`param_offsets`), when `load_kernel` was asked for them; else None.
     """
 
     function: object
@@ -64,13 +67,20 @@ class CompiledKernel:
     shared_static_bytes: int
     local_bytes: int
     max_threads_per_block: int
+    param_offsets: tuple | None = None
 
 
-_modules: dict = {}
+_modules: dict = {}  # (file, source, defines, arch) -> pycuda Module
+_cubins: dict = {}  # the same key -> the cubin it was loaded from (for `param_offsets`)
 
 
 def load_kernel(
-    cu_file: str, entry: str, defines: dict | None = None, dynamic_smem: int = 0, arch: str | None = None
+    cu_file: str,
+    entry: str,
+    defines: dict | None = None,
+    dynamic_smem: int = 0,
+    arch: str | None = None,
+    params: bool = False,
 ) -> CompiledKernel:
     """Build ``kernels/conv2d/<cu_file>`` for the current GPU and return ``entry`` from it.
 
@@ -82,6 +92,8 @@ def load_kernel(
         dynamic_smem: dynamic shared bytes the caller will launch with; above 48 KB the kernel
             is opted in with ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the
             device's opt-in limit).
+        params: also ask the driver where each parameter sits (``param_offsets``): kernels that
+            take a tensor map need it (`helpers.tma.kernel_args`).
 
     Raises:
         NoGPUError: no GPU or no pycuda.
@@ -92,21 +104,18 @@ def load_kernel(
 
     gpu.init()
     import pycuda.driver as drv
-    from pycuda.compiler import SourceModule
 
     info = gpu.device_info()
     arch = arch or info.arch
     key, src = _module_key(cu_file, defines, arch)
     mod = _modules.get(key)
     if mod is None:
-        mod = SourceModule(
-            src,
-            options=NVCC_OPTIONS + define_flags(defines),
-            include_dirs=[str(KERNEL_DIR)],
-            no_extern_c=True,
-            arch=arch,
-        )
-        _modules[key] = mod
+        from pycuda.compiler import compile as nvcc_cubin
+
+        cubin = nvcc_cubin(src, options=NVCC_OPTIONS + define_flags(defines), no_extern_c=True, arch=arch,
+                           include_dirs=[str(KERNEL_DIR)])  # fmt: skip
+        mod = _modules[key] = drv.module_from_buffer(cubin)
+        _cubins[key] = cubin
     fn = mod.get_function(entry)
     static = fn.shared_size_bytes
     if dynamic_smem + static > info.smem_per_block_optin:
@@ -118,6 +127,7 @@ def load_kernel(
         fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     return CompiledKernel(
         function=fn,
+        param_offsets=param_offsets(_cubins[key], entry) if params else None,
         num_regs=fn.num_regs,
         shared_static_bytes=static,
         local_bytes=fn.local_size_bytes,
@@ -178,7 +188,41 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     for key, cubin in zip(todo, cubins):
         if cubin is not None:
             _modules[key] = drv.module_from_buffer(cubin)  # loading needs the context: on this thread
+            _cubins[key] = cubin
     return time.perf_counter() - t0
+
+
+def param_offsets(cubin: bytes, entry: str) -> tuple[int, ...]:
+    """The byte offset of each parameter of ``entry`` in the buffer its launch passes, as the
+    driver reports it (``cuFuncGetParamInfo``, CUDA 12.4+ drivers): the cubin is loaded a second
+    time through ``libcuda.so.1`` (pycuda's module does not expose its function handle), asked,
+    and unloaded, in the current context.
+
+    The layout is not plain C packing: on an H200 (driver of CUDA 13.0) every
+    ``__grid_constant__ CUtensorMap`` parameter sits at an offset of 48 modulo 64 (112 for a map
+    that is the first parameter), while pycuda packs arguments from offset 0 at their natural
+    alignment; `helpers.tma.kernel_args` pads the buffer to the offsets given here.
+
+    Raises:
+        RuntimeError: the driver failed to load the cubin or find ``entry`` (its error code).
+    """
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    rc = lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin))
+    if rc != 0:
+        raise RuntimeError(f"cuModuleLoadData failed with error {rc}")
+    try:
+        rc = lib.cuModuleGetFunction(ctypes.byref(fn), mod, entry.encode())
+        if rc != 0:
+            raise RuntimeError(f"cuModuleGetFunction({entry!r}) failed with error {rc}")
+        out, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
+        while lib.cuFuncGetParamInfo(fn, ctypes.c_size_t(len(out)), ctypes.byref(off), ctypes.byref(size)) == 0:
+            out.append(off.value)
+        return tuple(out)
+    finally:
+        lib.cuModuleUnload(mod)
 
 
 def source_hash(cu_file: str) -> str:

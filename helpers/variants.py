@@ -8,8 +8,9 @@ A `Variant` ties a ``.cu`` file to plain functions of the problem:
 * ``launches_fn(problem, epilogue) -> list[KernelLaunch]``: the kernel launches of one run, in
   order (one for most variants; day 08 lowers into a workspace, then multiplies). Each names its
   entry point, grid/block/shared bytes and its arguments, pointers by name (`Buffer`: the op's
-  tensors x, w, y (or dy, dx, dw), ``workspace``, the epilogue operands ``cin`` and ``bias``)
-  and scalars as numpy values (``np.int32``, ``np.float32``, as pycuda needs);
+  tensors x, w, y (or dy, dx, dw), ``workspace``, the epilogue operands ``cin`` and ``bias``),
+  tensor maps for the copy engine by tensor name (`helpers.tma.TensorMap`: day 16) and scalars
+  as numpy values (``np.int32``, ``np.float32``, as pycuda needs);
 * ``covers_fn(problem, cfg) -> np.ndarray``: a Python model of the last launch (the one that
   writes the output): how many times it writes each output element, so tests prove on the CPU
   that every element is written exactly once.
@@ -46,6 +47,8 @@ import torch
 
 from .epilogue import OPERANDS, PLAIN, Epilogue, check_operands
 from .problem import Conv2dProblem
+from .tma import TensorMap, kernel_args
+from .tma import encode as encode_map
 
 # CUDA limits that hold on every GPU this series targets (sm_75 .. sm_120).
 MAX_THREADS_PER_BLOCK = 1024
@@ -509,7 +512,9 @@ def _launcher(fn, args: tuple, cfg: LaunchConfig) -> Callable[[], None]:
 
 
 def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[tuple[KernelLaunch, object]]:
-    """Build every launch's kernel of ``v`` for ``arch`` (cached): ``[(launch, pycuda function)]``.
+    """Build every launch's kernel of ``v`` for ``arch`` (cached): ``[(launch, launcher)]``, the
+    launcher the pycuda function, or for a launch that passes a `helpers.tma.TensorMap` the
+    function behind `_MapLauncher`, which places the arguments where the driver expects them.
 
     Raises:
         UnsupportedProblem: a block larger than the compiled kernel allows.
@@ -518,33 +523,54 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
 
     out = []
     for k in launches:
-        kern = load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch)
+        maps = any(isinstance(a, TensorMap) for a in k.args)
+        kern = load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch,
+                           params=maps)  # fmt: skip
         if k.config.threads_per_block > kern.max_threads_per_block:
             raise UnsupportedProblem(
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
                 f"allows {kern.max_threads_per_block} (registers: {kern.num_regs})"
             )
-        out.append((k, kern.function))
+        out.append((k, _MapLauncher(kern.function, kern.param_offsets) if maps else kern.function))
     return out
+
+
+@dataclass(frozen=True)
+class _MapLauncher:
+    """A pycuda function whose arguments include tensor maps (`helpers.tma.MapBytes`): each call
+    lays them out at the driver's parameter offsets (`helpers.tma.kernel_args`) first."""
+
+    function: object
+    offsets: tuple
+
+    def __call__(self, *args, **launch) -> None:
+        self.function(*kernel_args(args, self.offsets), **launch)
 
 
 def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
     """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
-    pointer plus its ``offset`` (0 for an operand passed as None).
+    pointer plus its ``offset`` (0 for an operand passed as None), each `helpers.tma.TensorMap`
+    the map encoded for the named tensor's address (`helpers.tma.encode`).
 
     Raises:
-        ValueError: a launch names a buffer that is not among ``tensors``, or an offset outside
-            the tensor's bytes.
+        ValueError: a launch names a buffer that is not among ``tensors`` (or is None, for a
+            map), an offset outside the tensor's bytes, or a map the driver's limits refuse.
+        RuntimeError: the driver refused to encode a map.
     """
     out = {}
     for k, fn in compiled:
         args = []
         for a in k.args:
-            if isinstance(a, Buffer):
+            if isinstance(a, (Buffer, TensorMap)):
                 if a.name not in tensors:
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
                                      f"{', '.join(tensors)}")  # fmt: skip
                 t = tensors[a.name]
+            if isinstance(a, TensorMap):
+                if t is None:
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
+                args.append(encode_map(a.desc, t.data_ptr()))
+            elif isinstance(a, Buffer):
                 if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
                                      "outside the tensor")  # fmt: skip

@@ -62,10 +62,15 @@ def test_kernel_files_exist():
 
 
 def test_build_targets_follow_the_variants():
-    """The tensor-core days build for sm_80+ only, with the plain target; the rest for every arch."""
+    """The tensor-core days build for sm_80+ only, with the plain target, day 16 for sm_90a alone;
+    the rest for every arch."""
     for v in all_variants():
         for arch in hc.ARCHS:
             reason = v.build_reason(_cc(arch))
+            if v.day >= 16:  # Hopper: sm_90a, which runs on compute capability 9.0 alone
+                assert (reason is None) == (_cc(arch) == (9, 0)), (v.name, arch, reason)
+                assert v.target(_cc(arch)) == arch + "a"
+                continue
             if v.day >= 10:
                 assert (reason is None) == (_cc(arch) >= (8, 0)), (v.name, arch, reason)
             else:

@@ -21,6 +21,7 @@ from helpers import gpu
 from helpers.epilogue import PLAIN
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, quick
+from helpers.tma import MAP_BYTES, MapBytes, TensorMap
 from helpers.variants import (
     MAX_GRID,
     MAX_THREADS_PER_BLOCK,
@@ -33,6 +34,13 @@ from helpers.variants import (
 )
 
 VARIANTS = all_variants()
+HOPPER_SMEM = 227 * 1024  # an H100's or H200's opt-in shared memory per block
+
+
+def supports(v, p: Conv2dProblem) -> str | None:
+    """`Variant.supports` with the shared memory of the GPUs ``v`` runs on: the Hopper-only variants
+    (day 16) need more than the 48 KB assumed without a GPU, and get an H200's 227 KB."""
+    return v.supports(p, smem_limit=HOPPER_SMEM if tuple(v.min_cc) >= (9, 0) else None)
 
 
 def random_problems(n: int = 50, seed: int = 2024) -> list[Conv2dProblem]:
@@ -74,7 +82,7 @@ SUPPORTED = [
     pytest.param(v, v.adapt(p, op=True), id=f"{v.name}-{pid}")
     for v in VARIANTS
     for pid, p in ALL_PROBLEMS
-    if v.supports(v.adapt(p, op=True)) is None
+    if supports(v, v.adapt(p, op=True)) is None
 ]
 
 
@@ -104,7 +112,7 @@ def test_every_output_written_once(v, p: Conv2dProblem):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_supports_returns_none_or_a_reason(v):
     for _, p in ALL_PROBLEMS:
-        reason = v.supports(v.adapt(p, op=True))
+        reason = supports(v, v.adapt(p, op=True))
         assert reason is None or (isinstance(reason, str) and reason.startswith(v.name)), (v.name, p.name, reason)
 
 
@@ -112,14 +120,14 @@ def test_supports_returns_none_or_a_reason(v):
 def test_variant_supports_something(v):
     """A variant with no supported problem among the edge and random ones would make the coverage test vacuous."""
     probs = [v.adapt(p, op=True) for p in edge() + random_problems() if not is_big(p)]
-    assert any(v.supports(p) is None for p in probs), f"{v.name} supports none of the edge/random problems"
+    assert any(supports(v, p) is None for p in probs), f"{v.name} supports none of the edge/random problems"
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_grid_capping_cases_are_covered(v):
     """The edge suite's N*K > 65535 and P > 65535*8 problems: supported ones keep the grid within limits."""
     for p in map(lambda q: v.adapt(q, op=True), edge()):
-        if (p.N * p.K > MAX_GRID[2] or p.P > MAX_GRID[1] * 8) and v.supports(p) is None:
+        if (p.N * p.K > MAX_GRID[2] or p.P > MAX_GRID[1] * 8) and supports(v, p) is None:
             cfg = v.launch(p)
             assert cfg.grid[1] <= MAX_GRID[1] and cfg.grid[2] <= MAX_GRID[2], (v.name, p.name, cfg)
 
@@ -133,7 +141,7 @@ def test_registry_names_and_days():
         assert get(v.name) is v and get(v) is v
         assert v.cu_file.endswith(".cu")
         for q in (v.adapt(p, op=True) for _, p in ALL_PROBLEMS[:12]):
-            if v.supports(q) is None:
+            if supports(v, q) is None:
                 ks = v.launches(q)
                 assert ks and ks[-1].config == v.launch(q) and all(k.entry for k in ks), v.name
     with pytest.raises(KeyError, match="known: "):
@@ -190,7 +198,7 @@ def supported_square(v) -> Conv2dProblem:
     P == Q for dy (so a transposed input keeps its shape)."""
     for p in map(lambda q: v.adapt(q, op=True), quick() + edge() + random_problems()):
         side = (p.H, p.W) if p.inputs[0] == "x" else (p.P, p.Q)
-        if side[0] == side[1] > 1 and not is_big(p) and v.supports(p) is None:
+        if side[0] == side[1] > 1 and not is_big(p) and supports(v, p) is None:
             return p
     pytest.skip(f"{v.name} supports no square problem here")
 
@@ -226,7 +234,7 @@ def aligned_x_problem(v, misaligned) -> Conv2dProblem | None:
     """A problem ``v`` supports on which its tensor check refuses a first input (x; dy for dgrad)
     2 bytes off alignment, or None."""
     for p in map(lambda q: v.adapt(q, op=True), quick() + edge() + random_problems()):
-        if is_big(p) or v.supports(p) is not None:
+        if is_big(p) or supports(v, p) is not None:
             continue
         a, b = p.inputs
         off = misaligned(torch.zeros(p.tensor_shape(a), dtype=p.torch_dtype))
@@ -333,6 +341,11 @@ def test_int32_product_limits_are_tight(name: str):
 # ---- the launch path end to end, with a stand-in GPU -----------------------------------------
 
 
+def fake_map(desc, address: int) -> MapBytes:
+    """A stand-in for `helpers.tma.encode`: 128 bytes that name the map and the address."""
+    return MapBytes(f"{hash(desc) & 0xFFFFFFFF:08x}{address:016x}".encode().ljust(128, b"."))
+
+
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     """CPU tensors pass the device check, the device is an H200 (sm_90) on the default stream, and
@@ -351,16 +364,20 @@ def stand_in_gpu(monkeypatch):
 
     calls, built = [], []
 
-    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None):
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=False):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
 
         def fn(*args, grid, block, shared):
             calls.append((entry, args, grid, block, shared))
 
+        offsets = tuple(112 + 128 * i for i in range(64)) if params else None  # room for any parameter
         return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
-                                 max_threads_per_block=1024)  # fmt: skip
+                                 max_threads_per_block=1024, param_offsets=offsets)  # fmt: skip
 
     monkeypatch.setattr(hv, "check_tensors", check_but_device)
+    monkeypatch.setattr(hv, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
+    real_args = hv.kernel_args  # the stand-in's offsets have room for any parameter list: as many as passed
+    monkeypatch.setattr(hv, "kernel_args", lambda args, offsets: real_args(args, offsets[: len(args)]))
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
@@ -387,11 +404,16 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
             "workspace": ws.data_ptr() if ws is not None else None}  # fmt: skip
     assert [c[0] for c in calls] == [k.entry for k in launches]
+    tensors = {p.inputs[0]: x, p.inputs[1]: w}
     for (entry, args, grid, block, shared), k in zip(calls, launches):
         assert (grid, block, shared) == (k.config.grid, k.config.block, k.config.shared_bytes)
+        if any(isinstance(a, TensorMap) for a in k.args):  # laid out by kernel_args: drop its padding
+            args = [a for a in args if not (isinstance(a, np.void) and a.itemsize != MAP_BYTES)]
         assert len(args) == len(k.args)
         for got, want in zip(args, k.args):
-            if isinstance(want, Buffer):
+            if isinstance(want, TensorMap):
+                assert bytes(got) == fake_map(want.desc, tensors[want.name].data_ptr()).data, (entry, want)
+            elif isinstance(want, Buffer):
                 assert type(got) is np.uintp and int(got) == ptrs[want.name] + want.offset, (entry, want)
             else:
                 assert type(got) is type(want) and got == want, (entry, got, want)

@@ -1,0 +1,218 @@
+"""Day 16's variant: the Hopper kernel of ``kernels/conv2d/16_igemm_wgmma.cu`` (TMA loads, wgmma,
+mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
+
+A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
+``persistent``: day 16's ladder), block tile BM x BN, consumer warpgroups and stages.
+`ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built.
+`make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
+the registered ``igemm_wgmma`` picks one per problem (`choose`).
+
+The tensor maps (`helpers.tma`): x as an `helpers.tma.Im2colMap` (dims C, W, H, N; BM pixels of
+64 channels per copy; the bounding box that holds exactly P x Q output pixels per image), w as a
+`helpers.tma.TiledMap` (dims C, S, R, K; boxes of 64 channels x 1 x 1 x BN). Problems outside the
+im2col mode's limits (padding or box corners beyond -128 .. 127, a filter reach (R-1) dil_h or
+(S-1) dil_w of 256 or more, strides above 8), with C % 8 != 0 (the copy engine's 16-byte strides)
+or groups > 1 are refused with the reason: day 13's kernel runs them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from helpers.compile import kernel_path
+from helpers.epilogue import Epilogue, scalars
+from helpers.problem import Conv2dProblem
+from helpers.tma import Im2colMap, TensorMap, TiledMap
+from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
+
+from .kit import VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, groups_one_reason
+
+CU_FILE = "16_igemm_wgmma.cu"
+HOPPER_CC = (9, 0)
+BK = 64  # GEMM-K per stage: 64 channels, one 128-byte swizzled row
+ROW_BYTES = 2 * BK
+MODES = ("one_wg", "specialised", "persistent")
+DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """One entry of the kernel: schedule ``mode``, block tile ``bm`` x ``bn``, ``consumers`` math
+    warpgroups (each 64 * mt rows x bn), ``stages`` ring slots."""
+
+    mode: str
+    bm: int
+    bn: int
+    consumers: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}_{self.bm}x{self.bn}_c{self.consumers}_s{self.stages}"
+
+    def entry(self, dtype: str) -> str:
+        return f"igemm_wgmma_{self.name}_{dtype}"
+
+    @property
+    def threads(self) -> int:
+        """128 per warpgroup: the consumers, plus the producer when specialised."""
+        return 128 * (self.consumers + (self.mode != "one_wg"))
+
+    @property
+    def shared_bytes(self) -> int:
+        """The ring, STAGES x (BM + BN) rows of 128 bytes, plus 1024 bytes to align it to 1024."""
+        return self.stages * (self.bm + self.bn) * ROW_BYTES + 1024
+
+
+def read_entries() -> tuple[WgmmaConfig, ...]:
+    """The configurations the ``.cu`` file instantiates, from its ``WGMMA_ENTRY`` lines."""
+    text = kernel_path(CU_FILE).read_text()
+    rows = re.findall(r"^WGMMA_ENTRY\(\w+, (\w+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", text, re.M)
+    return tuple(WgmmaConfig(mode, int(bm), int(bn), int(cons), int(st)) for mode, bm, bn, _mt, cons, st in rows)
+
+
+ENTRIES = read_entries()
+BY_NAME = {c.name: c for c in ENTRIES}
+
+
+def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
+    """The im2col map of x (NHWC: dims C, W, H, N): BM pixels of 64 channels per copy, in the
+    bounding box from (-pad_w, -pad_h) to ((Q-1) stride_w - pad_w, (P-1) stride_h - pad_h),
+    walked with the strides; the upper corner is relative to (W - 1, H - 1)."""
+    (sh, sw), (ph, pw) = p.stride, p.padding
+    e = 2
+    return Im2colMap(
+        dtype=p.dtype,
+        dims=(p.C, p.W, p.H, p.N),
+        strides=(p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
+        lower=(-pw, -ph),
+        upper=((p.Q - 1) * sw - pw - (p.W - 1), (p.P - 1) * sh - ph - (p.H - 1)),
+        channels=BK,
+        pixels=cfg.bm,
+        element_strides=(1, sw, sh, 1),
+    )
+
+
+def w_map(p: Conv2dProblem, cfg: WgmmaConfig) -> TiledMap:
+    """The tiled map of the KRSC filter (dims C, S, R, K): boxes of 64 channels x 1 x 1 x BN filters."""
+    e = 2
+    return TiledMap(dtype=p.dtype, dims=(p.C, p.S, p.R, p.K), strides=(p.C * e, p.S * p.C * e, p.R * p.S * p.C * e),
+                    box=(BK, 1, 1, cfg.bn))  # fmt: skip
+
+
+def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
+    """None if ``cfg`` runs ``p``, else why not: groups, channels, the copy engine's limits on both
+    maps, the filter offsets of the im2col copies, 32-bit indices."""
+    reason = groups_one_reason(p)
+    if reason:
+        return reason
+    if p.C % 8:
+        return f"C = {p.C}: the copy engine needs C % 8 == 0 (16-byte pixel strides); day 13's kernel takes any C"
+    (dh, dw) = p.dilation
+    for what, reach in (("(R-1)*dil_h", (p.R - 1) * dh), ("(S-1)*dil_w", (p.S - 1) * dw)):
+        if reach >= 256:
+            return f"filter reach {what} = {reach}: an im2col copy's filter offset is 8 bits (< 256)"
+    for desc in (x_map(p, cfg), w_map(p, cfg)):
+        reason = desc.reason()
+        if reason:
+            return f"{'x' if isinstance(desc, Im2colMap) else 'w'} tensor map: {reason}"
+    m = p.gemm.m
+    if m + cfg.bm > INT32_MAX or p.R * p.S * cdiv(p.C, BK) > INT32_MAX:
+        return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
+    return None
+
+
+def choose(p: Conv2dProblem) -> WgmmaConfig:
+    """The configuration the registered variant runs: the persistent schedule, 128 x 256 tiles when
+    there are more than 128 filters, else 256 x 128."""
+    return BY_NAME["persistent_128x256_c2_s4" if p.K > 128 else "persistent_256x128_c2_s4"]
+
+
+def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
+    """Blocks of the launch: one per output tile, or for ``persistent`` at most one per SM."""
+    tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
+    if cfg.mode != "persistent":
+        return tiles
+    from helpers import gpu
+
+    sms = gpu.device_info().sms if gpu.has_gpu() else DEFAULT_SMS
+    return min(tiles, sms)
+
+
+def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
+    """One launch of ``cfg``'s entry on the maps of x and w, y, cin, bias, M, K, P, Q, the strides,
+    paddings and dilations, S, taps = R * S, cblocks = ceil(C / 64) (int32), alpha, beta (float32)
+    and relu (int32)."""
+    ep = scalars(epilogue)
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    ints = (p.gemm.m, p.K, p.P, p.Q, sh, sw, ph, pw, dh, dw, p.S, p.R * p.S, cdiv(p.C, BK))
+    args = (TensorMap("x", x_map(p, cfg)), TensorMap("w", w_map(p, cfg)), Buffer("y"), Buffer("cin"), Buffer("bias"),
+            *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])  # fmt: skip
+    config = LaunchConfig(grid=(grid_blocks(p, cfg), 1, 1), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes)
+    return [KernelLaunch("main", cfg.entry(p.dtype), config, args)]
+
+
+def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
+    """Writes per element of Y[m][k] (NHWC, flat): block b computes tiles b, b + grid, ... (the
+    persistent loop; one tile per block otherwise), tile t = (t / tiles_n, t % tiles_n), and
+    stores its rows < M and columns < K once."""
+    tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
+    tiles = tiles_m * tiles_n
+    step = launch.grid[0] if cfg.mode == "persistent" else tiles
+    items = grid_stride_items(tiles, step) if cfg.mode == "persistent" else np.arange(min(launch.grid[0], tiles))
+    visits = np.bincount(items[items < tiles], minlength=tiles).reshape(tiles_m, tiles_n)
+    return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
+
+
+def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
+    """x and w 16-byte aligned (the copy engine's global addresses); y, and cin when it is read,
+    4-byte aligned when K is even (the epilogue's stores of column pairs). None or the reason."""
+    reason = alignment_reason(tensors, {"x": VEC_BYTES, "w": VEC_BYTES}, "the copy engine (TMA)")
+    if reason is None and p.K % 2 == 0:
+        cin = {"cin": 4} if epilogue.beta != 0 else {}
+        reason = alignment_reason(tensors, {"y": 4, **cin}, "the epilogue's 32-bit stores and Cin reads")
+    return reason
+
+
+def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = None) -> Variant:
+    """A day-16 variant (not registered) running ``config`` (a `WgmmaConfig` or its name) on every
+    problem, or with None the per-problem `choose`.
+
+    Raises:
+        ValueError: a configuration the ``.cu`` file does not instantiate (the message lists them).
+    """
+    if isinstance(config, str):
+        if config not in BY_NAME:
+            raise ValueError(f"no entry {config!r} in {CU_FILE}; it has: {', '.join(BY_NAME)}")
+        config = BY_NAME[config]
+    if config is not None and config not in ENTRIES:
+        raise ValueError(f"{config.name} is not instantiated in {CU_FILE}; it has: {', '.join(BY_NAME)}")
+
+    def pick(p: Conv2dProblem) -> WgmmaConfig:
+        return config if config is not None else choose(p)
+
+    return Variant(
+        name=name,
+        day=16,
+        cu_file=CU_FILE,
+        summary="Hopper: TMA (im2col + tiled) loads, wgmma from shared memory, mbarrier ring, "
+        "producer/consumer warpgroups, persistent tiles, fused epilogue" + (f" ({config.name})" if config else ""),
+        supports_fn=lambda p: problem_reason(p, pick(p)),
+        launches_fn=lambda p, ep: wgmma_launches(p, ep, pick(p)),
+        covers_fn=lambda p, launch: covers(p, launch, pick(p)),
+        dtypes=("fp16", "bf16"),
+        layouts=("NHWC",),
+        accum="fp32",
+        operands=("cin", "bias"),
+        fused_epilogue=True,
+        tensor_check_fn=tensor_check,
+        min_cc=HOPPER_CC,
+        min_cc_why="wgmma, setmaxnreg and the bulk tensor copy in im2col mode",
+        arch_suffix="a",
+    )
+
+
+register(make_wgmma())

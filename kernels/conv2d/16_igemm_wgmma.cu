@@ -1,0 +1,289 @@
+// Day 16 - igemm_wgmma: implicit-GEMM fprop for Hopper (sm_90a): the copy engine (TMA) loads the
+// tiles, the tensor cores read them straight from shared memory (wgmma), mbarriers pace the two.
+// NHWC, fp16/bf16 in and out, fp32 accumulation, day 13's fused epilogue.
+//
+// What changed since day 13 (13_igemm_production.cu: every thread copies 16-byte chunks with
+// cp.async, ldmatrix moves them to registers, each warp runs mma.sync m16n8k16):
+// 1. Loads: one thread asks the copy engine for a whole tile per operand and stage.
+//    A (the activations) in im2col mode: BM consecutive output pixels, 64 channels each, of one
+//      filter tap (r, s); the map (helpers/tma.py's Im2colMap) walks the image with the conv's
+//      strides inside a bounding box from (-pad_w, -pad_h) that holds exactly Q x P pixels, and
+//      each copy shifts it by the tap's offset (s * dil_w, r * dil_h); pixels outside the image
+//      and channels past C arrive as zeros (the padding, the last channel block).
+//    B (the KRSC filter) in tiled mode: a box of 64 channels x 1 x 1 x BN filters at (c, s, r, k0),
+//      zeros past C and K.
+//    Both are written with the 128-byte swizzle: a row is 64 halves (128 bytes), and its 16-byte
+//    chunk j lands at chunk j ^ (row % 8), the layout wgmma reads without bank conflicts.
+//    GEMM-K step t (of taps * cblocks, cblocks = ceil(C / 64)) is channel block t % cblocks of tap
+//    t / cblocks.
+// 2. Math: wgmma.mma_async m64nBNk16, a warpgroup (4 warps, 128 threads) at a time, A and B read
+//    from shared memory through 64-bit descriptors (hopper.cuh's sw128_desc): no ldmatrix, no
+//    fragments in registers but the accumulators. A consumer warpgroup owns MT x 64 rows of the
+//    block tile and all BN columns: MT x BN / 2 fp32 accumulators per thread.
+// 3. Pacing: a ring of STAGES slots, each with two mbarriers. full[s] completes when the copy
+//    engine has written both tiles of slot s (one arrival with the expected bytes, mbar_expect_tx,
+//    then the bytes); empty[s] when every consumer warp is done reading it (one arrival per warp).
+//    Use u of a slot (u = 0, 1, ...) waits on phase parity u & 1.
+// 4. Three schedules (MODE), the steps of day 16's ladder:
+//    ONE_WG      one warpgroup does everything: thread 0 issues the copies STAGES - 1 steps ahead,
+//                between its own wgmma steps; block 128 threads.
+//    SPECIALISED a producer warpgroup (one thread issues every copy, setmaxnreg gives its registers
+//                back: 40 per thread) and CONSUMERS math warpgroups (232 registers each); the
+//                producer runs up to STAGES steps ahead, the consumers never wait for an issue.
+//    PERSISTENT  SPECIALISED, with one block per SM looping over output tiles (tile = blockIdx.x,
+//                + gridDim.x, ...): the producer fetches the next tile while the consumers store
+//                this one, and the ring's phases run on across tiles.
+//    Tile (tm, tn) = (tile / tiles_n, tile % tiles_n): consecutive blocks share A's pixels.
+// 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
+//    once; each thread stores its column pairs (32-bit stores; element stores when K is odd).
+//
+// Accumulator layout (hopper.cuh, wgmma): register i of thread t of consumer warpgroup g, m-tile j:
+//   row  m0 + 64 (MT g + j) + 16 (t / 32 % 4) + (t % 32) / 4 + 8 ((i / 2) % 2)
+//   col  k0 + 8 (i / 4) + 2 (t % 4) + i % 2
+// Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), the barriers static.
+// Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16;
+// C % 8 == 0 and x, w 16-byte aligned (the copy engine's strides and addresses), the im2col limits
+// of a 4-d map (corners within -128 .. 127, (R - 1) dil_h and (S - 1) dil_w below 256, strides
+// at most 8), y and Cin 4-byte aligned when K is even; M = N P Q < 2^31 (Python checks).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "conv2d_common.cuh"
+#include "hopper.cuh"
+
+// Built for any other GPU this file stops here; for plain sm_90, ptxas refuses wgmma and setmaxnreg
+// (nvcc's preprocessing pass does not define __CUDA_ARCH_FEAT_SM90_ALL, so that cannot be tested here).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900
+#error "16_igemm_wgmma.cu uses wgmma, setmaxnreg and the bulk tensor copy: build it with -arch=sm_90a (compute capability 9.0 only)"
+#endif
+
+typedef unsigned short u16;
+
+enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2 };
+
+constexpr int BK = 64;            // GEMM-K per stage: 64 halves = one 128-byte swizzled row
+constexpr int ROW_BYTES = BK * 2;  // bytes per tile row
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+
+template <bool BF16>
+__device__ __forceinline__ float to_f32(u16 v) {
+    if constexpr (BF16) return __bfloat162float(__ushort_as_bfloat16(v));
+    else return __half2float(__ushort_as_half(v));
+}
+
+template <bool BF16>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    if constexpr (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<unsigned*>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<unsigned*>(&v);
+    }
+}
+
+struct Geometry {
+    int M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps, cblocks;
+};
+
+struct Epilogue {
+    u16* y;
+    const u16* cin;
+    const u16* bias;
+    float alpha, beta;
+    int relu;
+};
+
+// ---- the producer: one thread, the copies of GEMM-K step t of tile (tm, tn) into slot t % STAGES
+template <int BM, int BN>
+__device__ __forceinline__ void issue_step(const CUtensorMap* xmap, const CUtensorMap* wmap, unsigned char* slot,
+                                           uint64_t* full, const Geometry& g, int n0, int h0, int w0, int k0, int t) {
+    const int cb = t % g.cblocks, tap = t / g.cblocks, r = tap / g.S, s = tap % g.S;
+    mbar_expect_tx(full, (BM + BN) * ROW_BYTES);
+    tma_im2col_4d(slot, xmap, full, cb * BK, w0, h0, n0, (unsigned short)(s * g.dw), (unsigned short)(r * g.dh));
+    tma_load_4d(slot + BM * ROW_BYTES, wmap, full, cb * BK, s, r, k0);
+}
+
+// The first output pixel of m-tile tm as the im2col copy's start: (n0, h0 = p0 sh - ph, w0 = q0 sw - pw).
+__device__ __forceinline__ void tile_origin(const Geometry& g, int m0, int& n0, int& h0, int& w0) {
+    const int pq = g.P * g.Q;
+    n0 = m0 / pq;
+    const int rem = m0 - n0 * pq, p0 = rem / g.Q, q0 = rem - p0 * g.Q;
+    h0 = p0 * g.sh - g.ph;
+    w0 = q0 * g.sw - g.pw;
+}
+
+// ---- the consumer: one warpgroup's wgmma over one slot (4 k16 slices x MT m-tiles)
+template <int BM, int BN, int MT, bool BF16>
+__device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigned char* slot, int group) {
+    const uint64_t da = sw128_desc(slot + group * MT * 64 * ROW_BYTES);
+    const uint64_t db = sw128_desc(slot + BM * ROW_BYTES);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)  // the next 64 rows: 64 x 128 bytes further (a multiple of 1024)
+            wgmma<BN, BF16>(acc[j], da + (uint64_t)(j * 64 * ROW_BYTES >> 4) + 2 * kk, db + 2 * kk, 1);
+    wgmma_commit();
+}
+
+// ---- the epilogue: each thread's accumulators to y, with bias, Cin, alpha, beta, ReLU
+template <int BN, int MT, bool BF16>
+__device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
+                                           int row0, int k0, int lane_t) {
+    const int warp = lane_t / 32, lane = lane_t % 32;
+    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, pairs = g.K % 2 == 0;
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+            const int m = row0 + 64 * j + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+            const int k = k0 + 8 * (i / 4) + 2 * (lane % 4);
+            if (m >= g.M || k >= g.K) continue;
+            const bool two = k + 1 < g.K;
+            float v0 = ep.alpha * acc[j][i], v1 = ep.alpha * acc[j][i + 1];
+            if (ep.bias != nullptr) {
+                v0 += to_f32<BF16>(ep.bias[k]);
+                if (two) v1 += to_f32<BF16>(ep.bias[k + 1]);
+            }
+            const idx_t off = (idx_t)m * g.K + k;
+            if (with_c) {
+                v0 += ep.beta * to_f32<BF16>(ep.cin[off]);
+                if (two) v1 += ep.beta * to_f32<BF16>(ep.cin[off + 1]);
+            }
+            if (ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
+                v0 = v0 < 0.0f ? 0.0f : v0;
+                v1 = v1 < 0.0f ? 0.0f : v1;
+            }
+            const unsigned both = pack2<BF16>(v0, v1);
+            if (pairs) {
+                *reinterpret_cast<unsigned*>(ep.y + off) = both;
+            } else {
+                ep.y[off] = (u16)(both & 0xFFFF);
+                if (two) ep.y[off + 1] = (u16)(both >> 16);
+            }
+        }
+}
+
+template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
+__device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const Geometry& g,
+                                            const Epilogue& ep) {
+    constexpr int BM = 64 * MT * CONSUMERS;
+    constexpr int SLOT = (BM + BN) * ROW_BYTES;
+    static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+
+    const int tid = threadIdx.x;
+    const int tiles_n = CEIL_DIV(g.K, BN), tiles = CEIL_DIV(g.M, BM) * tiles_n;
+    const int steps = g.taps * g.cblocks;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4 * CONSUMERS);  // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int first_tile = blockIdx.x, tile_step = MODE == PERSISTENT ? gridDim.x : tiles;
+
+    if constexpr (MODE == ONE_WG) {
+        // ---- one warpgroup: thread 0 keeps STAGES - 1 steps in flight ahead of the math
+        const int tm = first_tile / tiles_n, tn = first_tile % tiles_n, m0 = tm * BM, k0 = tn * BN;
+        int n0, h0, w0;
+        tile_origin(g, m0, n0, h0, w0);
+        if (tid == 0)
+            for (int t = 0; t < STAGES - 1 && t < steps; ++t)
+                issue_step<BM, BN>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t);
+        float acc[MT][BN / 2] = {};
+        for (int t = 0; t < steps; ++t) {
+            const int slot = t % STAGES;
+            mbar_wait(&full[slot], (t / STAGES) & 1);
+            mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, 0);
+            wgmma_wait<1>();  // step t - 1's wgmma are done: its slot may be refilled
+            if (t > 0 && tid % 32 == 0) mbar_arrive(&empty[(t - 1) % STAGES]);
+            const int next = t + STAGES - 1;
+            if (tid == 0 && next < steps) {
+                const int ns = next % STAGES;
+                if (next >= STAGES) mbar_wait(&empty[ns], (next / STAGES - 1) & 1);
+                issue_step<BM, BN>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next);
+            }
+            __syncwarp();  // warp 0 together again for the next wgmma (.sync.aligned)
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
+        store_tile<BN, MT, BF16>(acc, g, ep, m0, k0, tid);
+    } else {
+        // ---- warp-specialised: warpgroup 0 produces, warpgroups 1 .. CONSUMERS consume
+        const int wg = tid / 128;
+        if (wg == 0) {
+            setmaxnreg_dec<PRODUCER_REGS>();
+            if (tid == 0) {
+                int u = 0;  // loads issued so far, over every tile of this block
+                for (int tile = first_tile; tile < tiles; tile += tile_step) {
+                    const int m0 = (tile / tiles_n) * BM, k0 = (tile % tiles_n) * BN;
+                    int n0, h0, w0;
+                    tile_origin(g, m0, n0, h0, w0);
+                    for (int t = 0; t < steps; ++t, ++u) {
+                        const int slot = u % STAGES;
+                        if (u >= STAGES) mbar_wait(&empty[slot], (u / STAGES - 1) & 1);
+                        issue_step<BM, BN>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t);
+                    }
+                }
+            }
+        } else {
+            setmaxnreg_inc<CONSUMER_REGS>();
+            const int group = wg - 1, lane_t = tid % 128;
+            int u = 0;  // slots consumed so far
+            for (int tile = first_tile; tile < tiles; tile += tile_step) {
+                const int m0 = (tile / tiles_n) * BM, k0 = (tile % tiles_n) * BN;
+                float acc[MT][BN / 2] = {};
+                for (int t = 0; t < steps; ++t, ++u) {
+                    const int slot = u % STAGES;
+                    mbar_wait(&full[slot], (u / STAGES) & 1);
+                    mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, group);
+                    wgmma_wait<1>();
+                    if (t > 0 && lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
+                }
+                wgmma_wait<0>();
+                if (lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
+#pragma unroll
+                for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
+                store_tile<BN, MT, BF16>(acc, g, ep, m0 + group * MT * 64, k0, lane_t);
+            }
+        }
+    }
+}
+
+// One entry point per (schedule, tile, dtype):
+//   igemm_wgmma_<mode>_<BM>x<BN>_c<CONSUMERS>_s<STAGES>_<fp16|bf16>
+// Arguments: the im2col map of x, the tiled map of w (both __grid_constant__: they stay in the
+// kernel's parameter memory, where the copy engine reads them), y, cin, bias, M, K, P, Q, sh, sw,
+// ph, pw, dh, dw, S, taps = R * S, cblocks = ceil(C / 64), alpha, beta, relu.
+// Threads: 128 (one_wg) or 128 (1 + CONSUMERS) (specialised, persistent).
+#define WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, BF16, DT)                                           \
+    extern "C" __global__ void __launch_bounds__(128 * (MODE == ONE_WG ? 1 : 1 + CONS), 1)                     \
+        igemm_wgmma_##MNAME##_##BM##x##BN##_c##CONS##_s##ST##_##DT(                                            \
+            const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, u16* y,        \
+            const u16* cin, const u16* __restrict__ bias, int M, int K, int P, int Q, int sh, int sw, int ph,  \
+            int pw, int dh, int dw, int S, int taps, int cblocks, float alpha, float beta, int relu) {        \
+        static_assert(BM == 64 * MT * CONS, "BM = 64 MT CONSUMERS");                                           \
+        igemm_wgmma<BN, MT, CONS, ST, MODE, BF16>(&xmap, &wmap,                                                \
+                                                  Geometry{M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps, cblocks}, \
+                                                  Epilogue{y, cin, bias, alpha, beta, relu});                  \
+    }
+#define WGMMA_ENTRY(MODE, MNAME, BM, BN, MT, CONS, ST)                   \
+    WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, false, fp16) \
+    WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, true, bf16)
+
+// WGMMA_ENTRIES (days/day16_igemm_wgmma.py reads this list; keep one entry per line). MT is the
+// number of 64-row m-tiles per consumer warpgroup: BM = 64 MT CONSUMERS.
+WGMMA_ENTRY(ONE_WG, one_wg, 128, 128, 2, 1, 4)
+WGMMA_ENTRY(SPECIALISED, specialised, 128, 256, 1, 2, 4)
+WGMMA_ENTRY(SPECIALISED, specialised, 256, 128, 2, 2, 4)
+WGMMA_ENTRY(PERSISTENT, persistent, 128, 256, 1, 2, 4)
+WGMMA_ENTRY(PERSISTENT, persistent, 256, 128, 2, 2, 4)

@@ -1,0 +1,126 @@
+"""Day 16's Hopper kernel on a GPU (sm_90a: an H100 or H200; tests/test_wgmma.py is the CPU half).
+
+* every instantiated configuration (the ladder: one warpgroup, specialised, persistent) on NHWC
+  problems that divide no tile, with stride, padding and dilation on either axis, C = 8 .. 256
+  with a partial last channel block, K odd; fp16 and bf16, normal and integer (bit-exact) inputs;
+* the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
+* the fused epilogue through `helpers.epilogue.check_epilogue` (bias, alpha, beta, in-place Cin, ReLU);
+* problems beyond the im2col mode's limits, refused before any launch, and the driver's
+  parameter layout that `helpers.tma.kernel_args` pads to.
+
+Every `check` poisons the output with NaN, compares with the float64 reference within the
+fp32-accumulation bound and repeats the launch to compare bitwise. Skipped (tests/conftest.py)
+without a CUDA device or pycuda; the whole file is skipped on GPUs other than compute capability 9.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from days.day16_igemm_wgmma import ENTRIES, HOPPER_CC, make_wgmma
+from helpers import compile as hc
+from helpers import gpu
+from helpers.check import check
+from helpers.epilogue import Epilogue, check_epilogue
+from helpers.suites import is_big, suite
+from helpers.variants import UnsupportedProblem, get, run
+from tests.test_wgmma import PROBLEMS, REFUSED, nhwc
+
+pytestmark = pytest.mark.gpu
+
+V = get("igemm_wgmma")
+DTYPES = ("fp16", "bf16")
+FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def context():
+    ctx = gpu.init()
+    cc = gpu.device_info().cc
+    if cc != HOPPER_CC:
+        pytest.skip(f"wgmma and the copy engine's im2col mode need sm_90a (compute capability 9.0); this GPU is {cc}")
+    return ctx
+
+
+def _assert_ok(r, p, kind: str) -> None:
+    assert r.ok, f"{r.variant} on {p.dtype} {p.name} ({kind}): {r.reason}"
+    assert r.nonfinite == 0 and r.repeat_bitwise
+    if kind == "int":
+        assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"
+
+
+CASES = [
+    pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
+    for name in FORCED
+    for p in PROBLEMS
+    for dt in DTYPES
+    for kind in ("normal", "int")
+]
+
+
+@pytest.mark.parametrize("name, p, kind", CASES)
+def test_every_configuration(name, p, kind):
+    _assert_ok(check(FORCED[name], p, kind=kind), p, kind)
+
+
+def _edge_cases():
+    for dt in DTYPES:
+        for p in suite("edge", dtype=dt, layout="NHWC"):
+            if not is_big(p) and V.supports(p, smem_limit=2**31) is None:
+                yield pytest.param(p, id=f"{dt}-{p.name}")
+
+
+EDGE = list(_edge_cases())
+
+
+def test_the_edge_suite_has_problems_for_it():
+    assert len(EDGE) >= 4
+
+
+@pytest.mark.parametrize("p", EDGE)
+@pytest.mark.parametrize("kind", ["normal", "int", "cancel"])
+def test_edge_suite(p, kind):
+    _assert_ok(check(V, p, kind=kind), p, kind)
+
+
+P_EVEN = nhwc(N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
+P_ODD = nhwc(N=2, C=32, H=9, W=11, K=33, R=3, S=3, padding=1)
+EPILOGUE_CASES = [
+    ("bias-only", P_EVEN, Epilogue(), {"with_cin": False}),
+    ("scale-relu", P_EVEN, Epilogue(alpha=0.5, beta=2.0, relu=True), {}),
+    ("cin-no-bias", P_EVEN, Epilogue(alpha=1.0, beta=-0.75), {"with_bias": False}),
+    ("in-place-residual-relu", P_EVEN, Epilogue(alpha=1.0, beta=1.0, relu=True), {"in_place": True}),
+    ("int-relu", P_EVEN, Epilogue(alpha=2.0, beta=-1.0, relu=True), {"kind": "int"}),
+    ("bf16", replace(P_EVEN, dtype="bf16", name=""), Epilogue(alpha=1.0, beta=1.0, relu=True), {}),
+    ("odd-K", P_ODD, Epilogue(alpha=0.5, beta=2.0, relu=True), {}),
+    ("odd-K-int-in-place", P_ODD, Epilogue(alpha=2.0, beta=-1.0, relu=True), {"kind": "int", "in_place": True}),
+    ("alpha-0", P_EVEN, Epilogue(alpha=0.0, beta=1.0), {"kind": "int"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FORCED))
+@pytest.mark.parametrize("case, p, ep, kw", [pytest.param(*c, id=c[0]) for c in EPILOGUE_CASES])
+def test_epilogue(name, case, p, ep, kw):
+    r = check_epilogue(FORCED[name], p, ep, **kw)
+    _assert_ok(r, p, kw.get("kind", "normal"))
+
+
+@pytest.mark.parametrize("p, why", REFUSED, ids=[w for _, w in REFUSED])
+def test_beyond_the_limits_is_refused_before_a_launch(p, why):
+    x, w = p.make_inputs(device="cuda")
+    with pytest.raises(UnsupportedProblem, match=why):
+        run(V, p, x, w)
+
+
+def test_the_driver_places_maps_where_kernel_args_pads():
+    """The layout `kernel_args` fills is the driver's: two 128-byte maps, then y at their end."""
+    p = PROBLEMS[1]
+    (k,) = V.launches(p)
+    info = gpu.device_info()
+    kern = hc.load_kernel(V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc), params=True)
+    offs = kern.param_offsets
+    assert len(offs) == len(k.args) == 21
+    assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128
+    assert all(b > a for a, b in zip(offs, offs[1:]))

@@ -1,0 +1,258 @@
+"""Day 16 on the CPU: the tensor-map helper (`helpers.tma`), the kernel's maps and refusals, its
+coverage model and its launch arguments (tests/gpu/test_wgmma_gpu.py runs the kernel).
+
+* the im2col map of every problem the variant takes walks exactly the conv's input pixels: the
+  model of the copy engine's walk (`helpers.tma.im2col_rows`, checked against the H200's copy
+  engine) gives, for each m-tile and filter tap, the pixel p * stride - pad + r * dil of each row;
+* every configuration writes each output element once (the persistent loop included);
+* the copy engine's limits and the kernel's own are refused with a reason, before any launch;
+* `helpers.tma.kernel_args` pads to the driver's parameter offsets, and `bind` encodes maps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from days.day16_igemm_wgmma import BK, ENTRIES, HOPPER_CC, choose, make_wgmma, w_map, x_map
+from helpers import tma
+from helpers.problem import Conv2dProblem
+from helpers.suites import resnet50
+from helpers.variants import KernelLaunch, LaunchConfig, bind, compile_launches, get
+
+V = get("igemm_wgmma")
+FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
+
+
+def nhwc(**kw) -> Conv2dProblem:
+    return Conv2dProblem(layout="NHWC", dtype="fp16", **kw)
+
+
+# Problems the kernel takes, chosen to divide no tile (and the GPU tests' set).
+PROBLEMS = [
+    nhwc(N=1, C=64, H=8, W=8, K=128, R=1, S=1),  # one GEMM-K step
+    nhwc(N=2, C=64, H=15, W=13, K=70, R=3, S=3, padding=1),
+    nhwc(N=3, C=40, H=9, W=11, K=34, R=2, S=3, padding=(1, 0), stride=2, dilation=(1, 2)),  # last channel block 40/64
+    nhwc(N=2, C=256, H=14, W=14, K=256, R=1, S=1),
+    nhwc(N=1, C=24, H=10, W=9, K=33, R=4, S=5, padding=(6, 7), dilation=(3, 1)),  # rows with no tap inside
+    nhwc(N=2, C=72, H=17, W=6, K=300, R=3, S=2, padding=(2, 1), stride=(1, 2), dilation=(2, 1)),
+    nhwc(N=4, C=8, H=23, W=19, K=5, R=5, S=5, padding=2, stride=(3, 2)),  # C = 8, K odd
+    nhwc(N=2, C=136, H=12, W=12, K=257, R=3, S=3, padding=1, stride=(2, 1)),
+]
+
+
+def test_entries_are_the_ladder():
+    modes = {c.mode for c in ENTRIES}
+    assert modes == {"one_wg", "specialised", "persistent"}
+    for c in ENTRIES:
+        assert c.threads == (128 if c.mode == "one_wg" else 128 * (1 + c.consumers))
+        assert c.shared_bytes <= 227 * 1024, c
+        assert c.bm % 64 == 0 and c.bn in (128, 256), c
+
+
+def test_build_target_is_sm90a_only():
+    assert V.target(HOPPER_CC) == "sm_90a"
+    assert V.build_reason(HOPPER_CC) is None
+    for cc in ((8, 0), (8, 9), (10, 0), (12, 0)):
+        reason = V.build_reason(cc)
+        assert reason and ("9.0" in reason) and ("sm_90a" in reason or "wgmma" in reason), (cc, reason)
+
+
+@pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.name)
+def test_every_configuration_takes_the_problems_and_writes_each_output_once(p):
+    for name, v in FORCED.items():
+        assert v.supports(p, smem_limit=2**31) is None, (name, v.supports(p, smem_limit=2**31))
+        counts = v.covers(p)
+        assert counts.shape == (p.gemm.m * p.K,) and (counts == 1).all(), name
+
+
+def test_persistent_grid_smaller_than_the_tiles_still_covers():
+    p = nhwc(N=32, C=64, H=28, W=28, K=512, R=3, S=3, padding=1)  # 196 x 2 tiles of 128 x 256
+    v = FORCED["persistent_128x256_c2_s4"]
+    launch = v.launch(p)
+    assert launch.grid[0] < 392
+    for grid in (1, 7, 131, 391, 392, 500):
+        cfg = replace(launch, grid=(grid, 1, 1))
+        assert (v.covers_fn(p, cfg) == 1).all(), grid
+    one = FORCED["specialised_128x256_c2_s4"]
+    assert one.launch(p).grid[0] == 392
+
+
+def test_a_dropped_tile_is_seen_by_the_coverage_model():
+    p = PROBLEMS[1]
+    v = FORCED["specialised_256x128_c2_s4"]
+    cfg = v.launch(p)
+    short = replace(cfg, grid=(cfg.grid[0] - 1, 1, 1))
+    assert (v.covers_fn(p, short) == 0).any()
+
+
+def _walk_matches_the_conv(p: Conv2dProblem, bm: int) -> None:
+    desc = replace(x_map(p, replace(ENTRIES[0], bm=bm)), pixels=bm)
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    M = p.gemm.m
+    for m0 in range(0, M, bm):
+        n0, rem = divmod(m0, p.P * p.Q)
+        p0, q0 = divmod(rem, p.Q)
+        for r in range(p.R):
+            for s in range(p.S):
+                rows = tma.im2col_rows(desc, (q0 * sw - pw, p0 * sh - ph, n0), (s * dw, r * dh))
+                for i, got in enumerate(rows):
+                    m = m0 + i
+                    if m >= M:
+                        assert got is None or got[0] >= p.N, (p.name, m, got)
+                        continue
+                    n, rest = divmod(m, p.P * p.Q)
+                    pp, qq = divmod(rest, p.Q)
+                    h, w = pp * sh - ph + r * dh, qq * sw - pw + s * dw
+                    want = (n, h, w) if 0 <= h < p.H and 0 <= w < p.W else None
+                    assert got == want, (p.name, m, r, s, got, want)
+
+
+@pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.name)
+def test_im2col_map_walks_the_conv_input(p):
+    _walk_matches_the_conv(p, 64)
+
+
+def test_im2col_map_walks_resnet50():
+    for q in resnet50(batches=(1,)):
+        q = V.adapt(q)
+        if V.supports(q, smem_limit=2**31) is None:
+            _walk_matches_the_conv(replace(q, N=2, name=""), 256)
+
+
+def test_a_wrong_bounding_box_is_caught_by_the_walk_check():
+    p = PROBLEMS[2]
+    desc = x_map(p, ENTRIES[0])
+    bad = replace(desc, upper=(desc.upper[0] + p.stride[1], desc.upper[1]), pixels=64)  # one column too many
+    rows = tma.im2col_rows(bad, (-p.padding[1], -p.padding[0], 0), (0, 0))
+    good = tma.im2col_rows(replace(desc, pixels=64), (-p.padding[1], -p.padding[0], 0), (0, 0))
+    assert rows != good
+
+
+def test_maps_of_a_resnet_layer():
+    p = nhwc(N=256, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)
+    cfg = choose(p)
+    xm, wm = x_map(p, cfg), w_map(p, cfg)
+    assert xm.dims == (64, 56, 56, 256) and xm.lower == (-1, -1) and xm.upper == (-1, -1)
+    assert xm.strides == (128, 56 * 128, 56 * 56 * 128) and xm.channels == BK and xm.pixels == cfg.bm
+    assert xm.box_bytes == cfg.bm * 128 and xm.reason() is None
+    assert wm.dims == (64, 3, 3, 64) and wm.box == (BK, 1, 1, cfg.bn) and wm.reason() is None
+    s2 = nhwc(N=1, C=256, H=56, W=56, K=512, R=1, S=1, stride=2)
+    assert x_map(s2, cfg).upper == (-1, -1) and x_map(s2, cfg).element_strides == (1, 2, 2, 1)
+
+
+REFUSED = [
+    (nhwc(N=1, C=3, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
+    (nhwc(N=1, C=12, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
+    (nhwc(N=1, C=16, H=16, W=16, K=16, R=3, S=3, padding=1, groups=2), "groups"),
+    (nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(128, 1)), "filter offset is 8 bits"),
+    (nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(1, 70)), "corner"),
+    (nhwc(N=1, C=16, H=8, W=8, K=8, R=3, S=3, padding=(129, 1)), "corner"),
+    (nhwc(N=1, C=16, H=40, W=40, K=8, R=1, S=1, stride=(9, 1)), "element strides"),
+]
+
+
+@pytest.mark.parametrize("p, why", REFUSED, ids=[w for _, w in REFUSED])
+def test_refusals_name_the_limit(p, why):
+    reason = V.supports(p, smem_limit=2**31)
+    assert reason is not None and why in reason, reason
+    assert get("igemm_production").supports(p, smem_limit=2**31) is None or p.groups > 1  # day 13 takes them
+
+
+# ---- helpers.tma ------------------------------------------------------------------------------
+
+
+def test_tiled_map_reasons():
+    ok = tma.TiledMap("fp16", (64, 3, 3, 64), (128, 384, 1152), (64, 1, 1, 256))
+    assert ok.reason() is None and ok.box_bytes == 64 * 256 * 2
+    assert "256" in replace(ok, box=(64, 1, 1, 257)).reason()
+    assert "swizzle span" in replace(ok, box=(128, 1, 1, 64)).reason()
+    assert "multiple of 16" in replace(ok, strides=(120, 384, 1152)).reason()
+    assert "aligned" in ok.reason(address=0x1008)
+    assert ok.reason(address=0x1010) is None
+    assert "dtype" in replace(ok, dtype="fp32").reason()
+    assert "swizzle" in replace(ok, swizzle=16).reason()
+
+
+def test_im2col_map_reasons():
+    ok = tma.Im2colMap("bf16", (64, 56, 56, 8), (128, 7168, 401408), (-1, -1), (-1, -1), 64, 256, (1, 1, 1, 1))
+    assert ok.reason() is None and ok.box_bytes == 64 * 256 * 2
+    assert "corner" in replace(ok, lower=(-129, 0)).reason()
+    assert "corner" in replace(ok, upper=(0, 128)).reason()
+    assert "pixels" in replace(ok, pixels=257).reason()
+    assert "element strides" in replace(ok, element_strides=(1, 9, 1, 1)).reason()
+    assert "swizzle span" in replace(ok, channels=128).reason()
+    assert "3 to 5" in replace(ok, dims=(64, 56), strides=(128,), lower=(), upper=()).reason()
+
+
+def test_encode_refuses_before_the_driver():
+    bad = tma.TiledMap("fp16", (64, 64), (120,), (64, 64))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tma.encode(bad, 0x10000)
+
+
+def test_kernel_args_pad_to_the_driver_offsets():
+    m = tma.MapBytes(bytes(range(128)))
+    args = (np.uintp(5), np.int32(7), m, np.float32(1.5))
+    out = tma.kernel_args(args, (0, 8, 112, 240))
+    assert [type(a) for a in out] == [np.uintp, np.int32, np.void, np.void, np.float32]
+    assert out[2].itemsize == 112 - 12 and out[3].itemsize == 128 and bytes(out[3]) == m.data
+    first = tma.kernel_args((m, np.int32(1)), (112, 240))
+    assert [a.itemsize for a in first] == [112, 128, 4]
+    assert tma.kernel_args((np.int32(1), np.int32(2)), (0, 4)) == (np.int32(1), np.int32(2))
+
+
+def test_kernel_args_refuse_a_mismatch():
+    m = tma.MapBytes(bytes(128))
+    with pytest.raises(ValueError, match="takes 2 parameters"):
+        tma.kernel_args((m,), (112, 240))
+    with pytest.raises(ValueError, match="overlaps"):
+        tma.kernel_args((m, np.int32(1)), (0, 64))
+    with pytest.raises(TypeError, match="numpy scalars or MapBytes"):
+        tma.kernel_args((5,), (0,))
+    with pytest.raises(ValueError, match="128 bytes"):
+        tma.MapBytes(bytes(64))
+
+
+def test_launches_pass_both_maps_first():
+    p = PROBLEMS[5]
+    (k,) = V.launches(p)
+    assert isinstance(k.args[0], tma.TensorMap) and k.args[0].name == "x" and isinstance(k.args[0].desc, tma.Im2colMap)
+    assert isinstance(k.args[1], tma.TensorMap) and k.args[1].name == "w" and isinstance(k.args[1].desc, tma.TiledMap)
+    assert len(k.args) == 21
+    assert k.entry == choose(p).entry("fp16")
+
+
+def test_bind_refuses_a_map_of_a_missing_tensor():
+    k = KernelLaunch(
+        "main", "e", LaunchConfig((1, 1, 1), (128, 1, 1)), (tma.TensorMap("x", x_map(PROBLEMS[0], ENTRIES[0])),)
+    )
+    with pytest.raises(ValueError, match="passes 'x'"):
+        bind([(k, lambda *a, **kw: None)], {"w": None})
+    with pytest.raises(ValueError, match="as None"):
+        bind([(k, lambda *a, **kw: None)], {"x": None})
+
+
+def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
+    import helpers.compile as hc
+    from helpers.compile import CompiledKernel
+
+    asked = {}
+
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=False):
+        asked[entry] = params
+        return CompiledKernel(lambda *a, **kw: calls.append(a), 168, 0, 0, 1024, (112, 240, 368) if params else None)
+
+    calls = []
+    monkeypatch.setattr(hc, "load_kernel", load_kernel)
+    m = tma.MapBytes(bytes(128))
+    cfg = LaunchConfig((1, 1, 1), (128, 1, 1))
+    spec = tma.TensorMap("x", x_map(PROBLEMS[0], ENTRIES[0]))
+    with_map = KernelLaunch("a", "with_map", cfg, (spec, spec, np.uintp(0)))
+    plain = KernelLaunch("b", "plain", cfg, (np.int32(1),))
+    compiled = compile_launches(V, [with_map, plain], "sm_90a")
+    assert asked == {"with_map": True, "plain": False}
+    compiled[0][1](m, m, np.uintp(3), grid=(1, 1, 1), block=(128, 1, 1))
+    assert [a.itemsize for a in calls[0]] == [112, 128, 128, 8]
