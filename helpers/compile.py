@@ -59,7 +59,7 @@ class CompiledKernel:
         local_bytes: local memory per thread (stack and spills; 0 is what we want).
         max_threads_per_block: the most threads a block of this kernel may have.
         param_offsets: where the driver expects each parameter in the argument buffer, in bytes
-            (`param_offsets`), when `load_kernel` was asked for them; else None.
+            (`param_offsets`), when `load_kernel` was asked for them (``params``); else None.
     """
 
     function: object
@@ -80,7 +80,7 @@ def load_kernel(
     defines: dict | None = None,
     dynamic_smem: int = 0,
     arch: str | None = None,
-    params: bool = False,
+    params: int = 0,
 ) -> CompiledKernel:
     """Build ``kernels/conv2d/<cu_file>`` for the current GPU and return ``entry`` from it.
 
@@ -92,8 +92,8 @@ def load_kernel(
         dynamic_smem: dynamic shared bytes the caller will launch with; above 48 KB the kernel
             is opted in with ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the
             device's opt-in limit).
-        params: also ask the driver where each parameter sits (``param_offsets``): kernels that
-            take a tensor map need it (`helpers.tma.kernel_args`).
+        params: the number of parameters to ask the driver the offsets of (``param_offsets``; 0:
+            none): kernels that take a tensor map need them (`helpers.tma.kernel_args`).
 
     Raises:
         NoGPUError: no GPU or no pycuda.
@@ -127,7 +127,7 @@ def load_kernel(
         fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     return CompiledKernel(
         function=fn,
-        param_offsets=param_offsets(_cubins[key], entry) if params else None,
+        param_offsets=param_offsets(_cubins[key], entry, params) if params else None,
         num_regs=fn.num_regs,
         shared_static_bytes=static,
         local_bytes=fn.local_size_bytes,
@@ -192,11 +192,12 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     return time.perf_counter() - t0
 
 
-def param_offsets(cubin: bytes, entry: str) -> tuple[int, ...]:
-    """The byte offset of each parameter of ``entry`` in the buffer its launch passes, as the
-    driver reports it (``cuFuncGetParamInfo``, CUDA 12.4+ drivers): the cubin is loaded a second
-    time through ``libcuda.so.1`` (pycuda's module does not expose its function handle), asked,
-    and unloaded, in the current context.
+def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
+    """The byte offset of each of the first ``count`` parameters of ``entry`` in the buffer its
+    launch passes, as the driver reports it (``cuFuncGetParamInfo``, CUDA 12.4+ drivers): the
+    cubin is loaded a second time through ``libcuda.so.1`` (pycuda's module does not expose its
+    function handle), asked, and unloaded, in the current context. (Only ``count`` are asked for:
+    the driver answers an index past the last with an error, which compute-sanitizer reports.)
 
     The layout is not plain C packing: on an H200 (driver of CUDA 13.0) every
     ``__grid_constant__ CUtensorMap`` parameter sits at an offset of 48 modulo 64 (112 for a map
@@ -204,7 +205,8 @@ def param_offsets(cubin: bytes, entry: str) -> tuple[int, ...]:
     alignment; `helpers.tma.kernel_args` pads the buffer to the offsets given here.
 
     Raises:
-        RuntimeError: the driver failed to load the cubin or find ``entry`` (its error code).
+        RuntimeError: the driver failed to load the cubin, find ``entry``, or answer for parameter
+            i < ``count`` (the kernel takes fewer parameters than the launch passes).
     """
     import ctypes
 
@@ -218,7 +220,10 @@ def param_offsets(cubin: bytes, entry: str) -> tuple[int, ...]:
         if rc != 0:
             raise RuntimeError(f"cuModuleGetFunction({entry!r}) failed with error {rc}")
         out, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
-        while lib.cuFuncGetParamInfo(fn, ctypes.c_size_t(len(out)), ctypes.byref(off), ctypes.byref(size)) == 0:
+        for i in range(count):
+            rc = lib.cuFuncGetParamInfo(fn, ctypes.c_size_t(i), ctypes.byref(off), ctypes.byref(size))
+            if rc != 0:
+                raise RuntimeError(f"{entry}: no parameter {i} (error {rc}); the launch passes {count}")
             out.append(off.value)
         return tuple(out)
     finally:

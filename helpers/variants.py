@@ -525,7 +525,7 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
     for k in launches:
         maps = any(isinstance(a, TensorMap) for a in k.args)
         kern = load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch,
-                           params=maps)  # fmt: skip
+                           params=len(k.args) if maps else 0)  # fmt: skip
         if k.config.threads_per_block > kern.max_threads_per_block:
             raise UnsupportedProblem(
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "

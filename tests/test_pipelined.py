@@ -267,7 +267,7 @@ def test_prepare_builds_with_the_stages_define(monkeypatch):
     """`prepare` compiles the entry with -DSTAGES and launches with the ring's dynamic shared memory."""
     built = []
 
-    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=False):
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
         return hc.CompiledKernel(function=lambda *a, **k: None, num_regs=145, shared_static_bytes=0, local_bytes=0,
                                  max_threads_per_block=256)  # fmt: skip

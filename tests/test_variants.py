@@ -364,21 +364,21 @@ def stand_in_gpu(monkeypatch):
 
     calls, built = [], []
 
-    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=False):
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
 
         def fn(*args, grid, block, shared):
             calls.append((entry, args, grid, block, shared))
 
-        offsets = tuple(112 + 128 * i for i in range(64)) if params else None  # room for any parameter
+        offsets = tuple(112 + 128 * i for i in range(params)) if params else None  # room for any parameter
         return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
                                  max_threads_per_block=1024, param_offsets=offsets)  # fmt: skip
 
     monkeypatch.setattr(hv, "check_tensors", check_but_device)
     monkeypatch.setattr(hv, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
-    real_args = hv.kernel_args  # the stand-in's offsets have room for any parameter list: as many as passed
-    monkeypatch.setattr(hv, "kernel_args", lambda args, offsets: real_args(args, offsets[: len(args)]))
-    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
+    monkeypatch.setattr(
+        gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0), sms=132)
+    )
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(hc, "load_kernel", load_kernel)
@@ -497,7 +497,9 @@ def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkey
     reason = v.supports(p)
     assert reason is not None and f"needs {need} B" in reason and "assumed without a GPU" in reason
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
-    monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0)))
+    monkeypatch.setattr(
+        gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0), sms=132)
+    )
     assert v.supports(p) is None
     assert v.supports(p, smem_limit=48 * 1024).endswith(f"the limit is {48 * 1024} B")  # an explicit limit: no note
 

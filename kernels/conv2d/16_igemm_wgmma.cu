@@ -35,12 +35,15 @@
 //                this one, and the ring's phases run on across tiles.
 //    Tile (tm, tn) = (tile / tiles_n, tile % tiles_n): consecutive blocks share A's pixels.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
-//    once; each thread stores its column pairs (32-bit stores; element stores when K is odd).
+//    once, staged through a swizzled 64 x 128 tile per consumer so that y is stored in 16-byte runs
+//    (element stores when K % 8 != 0); the ring stays the producer's, which is already filling it
+//    for the next tile.
 //
 // Accumulator layout (hopper.cuh, wgmma): register i of thread t of consumer warpgroup g, m-tile j:
 //   row  m0 + 64 (MT g + j) + 16 (t / 32 % 4) + (t % 32) / 4 + 8 ((i / 2) % 2)
 //   col  k0 + 8 (i / 4) + 2 (t % 4) + i % 2
-// Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), the barriers static.
+// Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), then one 64 x 128-half
+// staging tile per consumer warpgroup (16 KB each); the barriers static.
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16;
 // C % 8 == 0 and x, w 16-byte aligned (the copy engine's strides and addresses), the im2col limits
 // of a 4-d map (corners within -128 .. 127, (R - 1) dil_h and (S - 1) dil_w below 256, strides
@@ -128,40 +131,82 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigne
     wgmma_commit();
 }
 
-// ---- the epilogue: each thread's accumulators to y, with bias, Cin, alpha, beta, ReLU
-template <int BN, int MT, bool BF16>
+// ---- the epilogue: the accumulators to y through a staging tile, in 16-byte runs
+// Each consumer warpgroup has its own staging tile of 64 rows x STAGE_COLS = min(BN, 128) columns
+// (halves), and passes over its MT x BN / STAGE_COLS sub-tiles of that size. Pass 1: every thread
+// finishes its own values,
+// act(alpha * acc + beta * Cin + bias) in fp32 (Cin read where the value sits, 32-bit loads when K
+// is even), rounds them once and writes the pairs into the tile; pass 2: thread t copies 16-byte
+// runs of 8 channels, run t % (STAGE_COLS / 8) of rows t / (STAGE_COLS / 8) + ..., so 16 (or 8)
+// threads store 256 (128) contiguous bytes of one output row. The tile's 16-byte chunk c of row r
+// sits at chunk c ^ (r % 8): pass 1's 4-byte writes (8 rows x 4 lanes per instruction) and pass
+// 2's 16-byte reads are both conflict-free without padding.
+constexpr int STAGE_ROWS = 64, STAGE_MAX_COLS = 128;
+constexpr int STAGE_BYTES = STAGE_ROWS * STAGE_MAX_COLS * 2;
+
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int BN, int MT, bool BF16, int STAGE_COLS = (BN < STAGE_MAX_COLS ? BN : STAGE_MAX_COLS)>
 __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
-                                           int row0, int k0, int lane_t) {
+                                           int row0, int k0, int lane_t, u16* stage, int bar_id) {
     const int warp = lane_t / 32, lane = lane_t % 32;
-    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, pairs = g.K % 2 == 0;
+    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, pairs = g.K % 2 == 0, vec = g.K % 8 == 0;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
-            const int m = row0 + 64 * j + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-            const int k = k0 + 8 * (i / 4) + 2 * (lane % 4);
-            if (m >= g.M || k >= g.K) continue;
-            const bool two = k + 1 < g.K;
-            float v0 = ep.alpha * acc[j][i], v1 = ep.alpha * acc[j][i + 1];
-            if (ep.bias != nullptr) {
-                v0 += to_f32<BF16>(ep.bias[k]);
-                if (two) v1 += to_f32<BF16>(ep.bias[k + 1]);
-            }
-            const idx_t off = (idx_t)m * g.K + k;
-            if (with_c) {
-                v0 += ep.beta * to_f32<BF16>(ep.cin[off]);
-                if (two) v1 += ep.beta * to_f32<BF16>(ep.cin[off + 1]);
-            }
-            if (ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
-                v0 = v0 < 0.0f ? 0.0f : v0;
-                v1 = v1 < 0.0f ? 0.0f : v1;
-            }
-            const unsigned both = pack2<BF16>(v0, v1);
-            if (pairs) {
-                *reinterpret_cast<unsigned*>(ep.y + off) = both;
-            } else {
-                ep.y[off] = (u16)(both & 0xFFFF);
-                if (two) ep.y[off + 1] = (u16)(both >> 16);
+        for (int cb = 0; cb < BN / STAGE_COLS; ++cb) {
+            named_barrier(bar_id, 128);  // the last pass's reads of the tile are done
+            // pass 1: values -> staging tile
+#pragma unroll
+            for (int c8 = 0; c8 < STAGE_COLS / 8; ++c8)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 4 * (STAGE_COLS / 8 * cb + c8) + 2 * h;
+                    const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * c8 + 2 * (lane % 4);
+                    const int m = row0 + 64 * j + r, k = k0 + STAGE_COLS * cb + c;
+                    float v0 = ep.alpha * acc[j][i], v1 = ep.alpha * acc[j][i + 1];
+                    if (ep.bias != nullptr) {
+                        if (k < g.K) v0 += to_f32<BF16>(ep.bias[k]);
+                        if (k + 1 < g.K) v1 += to_f32<BF16>(ep.bias[k + 1]);
+                    }
+                    if (with_c && m < g.M && k < g.K) {
+                        const u16* cs = ep.cin + (idx_t)m * g.K + k;
+                        if (pairs) {
+                            const unsigned both = *reinterpret_cast<const unsigned*>(cs);
+                            v0 += ep.beta * to_f32<BF16>((u16)(both & 0xFFFF));
+                            v1 += ep.beta * to_f32<BF16>((u16)(both >> 16));
+                        } else {
+                            v0 += ep.beta * to_f32<BF16>(cs[0]);
+                            if (k + 1 < g.K) v1 += ep.beta * to_f32<BF16>(cs[1]);
+                        }
+                    }
+                    if (ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
+                        v0 = v0 < 0.0f ? 0.0f : v0;
+                        v1 = v1 < 0.0f ? 0.0f : v1;
+                    }
+                    *reinterpret_cast<unsigned*>(stage + r * STAGE_COLS + 8 * (c8 ^ (r % 8)) + 2 * (lane % 4)) =
+                        pack2<BF16>(v0, v1);
+                }
+            named_barrier(bar_id, 128);
+            // pass 2: staging tile -> y (not unrolled: unrolled, its loads and addresses are
+            // hoisted beside the accumulators of the passes still to come, and spill)
+#pragma unroll 1
+            for (int it = 0; it < STAGE_ROWS * STAGE_COLS / 8 / 128; ++it) {
+                const int idx = lane_t + 128 * it, r = idx / (STAGE_COLS / 8), ch = idx % (STAGE_COLS / 8);
+                const int m = row0 + 64 * j + r, k = k0 + STAGE_COLS * cb + 8 * ch;
+                if (m >= g.M || k >= g.K) continue;
+                const uint4 v = *reinterpret_cast<const uint4*>(stage + r * STAGE_COLS + 8 * (ch ^ (r % 8)));
+                u16* dst = ep.y + (idx_t)m * g.K + k;
+                if (vec) {
+                    *reinterpret_cast<uint4*>(dst) = v;
+                } else {
+                    const u16* e = reinterpret_cast<const u16*>(&v);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q)
+                        if (k + q < g.K) dst[q] = e[q];
+                }
             }
         }
 }
@@ -171,6 +216,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
                                             const Epilogue& ep) {
     constexpr int BM = 64 * MT * CONSUMERS;
     constexpr int SLOT = (BM + BN) * ROW_BYTES;
+    static_assert(BN % 64 == 0 && (BN <= STAGE_MAX_COLS || BN % STAGE_MAX_COLS == 0), "BN: whole staging tiles");
     static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
     extern __shared__ unsigned char smem_raw[];
     unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -216,7 +262,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-        store_tile<BN, MT, BF16>(acc, g, ep, m0, k0, tid);
+        store_tile<BN, MT, BF16>(acc, g, ep, m0, k0, tid, reinterpret_cast<u16*>(ring + STAGES * SLOT), 1);
     } else {
         // ---- warp-specialised: warpgroup 0 produces, warpgroups 1 .. CONSUMERS consume
         const int wg = tid / 128;
@@ -253,7 +299,8 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
                 if (lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
 #pragma unroll
                 for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-                store_tile<BN, MT, BF16>(acc, g, ep, m0 + group * MT * 64, k0, lane_t);
+                store_tile<BN, MT, BF16>(acc, g, ep, m0 + group * MT * 64, k0, lane_t,
+                                         reinterpret_cast<u16*>(ring + STAGES * SLOT + group * STAGE_BYTES), 1 + group);
             }
         }
     }
@@ -264,7 +311,8 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
 // Arguments: the im2col map of x, the tiled map of w (both __grid_constant__: they stay in the
 // kernel's parameter memory, where the copy engine reads them), y, cin, bias, M, K, P, Q, sh, sw,
 // ph, pw, dh, dw, S, taps = R * S, cblocks = ceil(C / 64), alpha, beta, relu.
-// Threads: 128 (one_wg) or 128 (1 + CONSUMERS) (specialised, persistent).
+// Threads: 128 (one_wg) or 128 (1 + CONSUMERS) (specialised, persistent). BN is 64, 128 or 256
+// (the wgmma wrappers of hopper.cuh).
 #define WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, BF16, DT)                                           \
     extern "C" __global__ void __launch_bounds__(128 * (MODE == ONE_WG ? 1 : 1 + CONS), 1)                     \
         igemm_wgmma_##MNAME##_##BM##x##BN##_c##CONS##_s##ST##_##DT(                                            \
@@ -287,3 +335,5 @@ WGMMA_ENTRY(SPECIALISED, specialised, 128, 256, 1, 2, 4)
 WGMMA_ENTRY(SPECIALISED, specialised, 256, 128, 2, 2, 4)
 WGMMA_ENTRY(PERSISTENT, persistent, 128, 256, 1, 2, 4)
 WGMMA_ENTRY(PERSISTENT, persistent, 256, 128, 2, 2, 4)
+WGMMA_ENTRY(PERSISTENT, persistent, 128, 128, 1, 2, 6)
+WGMMA_ENTRY(PERSISTENT, persistent, 128, 64, 1, 2, 8)

@@ -119,7 +119,8 @@ def test_the_driver_places_maps_where_kernel_args_pads():
     p = PROBLEMS[1]
     (k,) = V.launches(p)
     info = gpu.device_info()
-    kern = hc.load_kernel(V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc), params=True)
+    kern = hc.load_kernel(V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc),
+                          params=len(k.args))
     offs = kern.param_offsets
     assert len(offs) == len(k.args) == 21
     assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128
