@@ -184,6 +184,36 @@ def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | N
     return reason
 
 
+def _nhwc(**kw) -> Conv2dProblem:
+    return Conv2dProblem(layout="NHWC", dtype="fp16", **kw)
+
+
+# Problems the kernel takes, chosen to break it (the tests and the notebook check every
+# configuration on them): one GEMM-K step, K that divides no tile, stride with dilation on either
+# axis, a partial last channel block, padding that leaves rows with no tap inside the image, C = 8.
+CHECK_PROBLEMS = [
+    _nhwc(N=1, C=64, H=8, W=8, K=128, R=1, S=1),  # one GEMM-K step
+    _nhwc(N=2, C=64, H=15, W=13, K=70, R=3, S=3, padding=1),
+    _nhwc(N=3, C=40, H=9, W=11, K=34, R=2, S=3, padding=(1, 0), stride=2, dilation=(1, 2)),  # channel block 40/64
+    _nhwc(N=2, C=256, H=14, W=14, K=256, R=1, S=1),
+    _nhwc(N=1, C=24, H=10, W=9, K=33, R=4, S=5, padding=(6, 7), dilation=(3, 1)),  # rows with no tap inside
+    _nhwc(N=2, C=72, H=17, W=6, K=300, R=3, S=2, padding=(2, 1), stride=(1, 2), dilation=(2, 1)),
+    _nhwc(N=4, C=8, H=23, W=19, K=5, R=5, S=5, padding=2, stride=(3, 2)),  # C = 8, K odd
+    _nhwc(N=2, C=136, H=12, W=12, K=257, R=3, S=3, padding=1, stride=(2, 1)),
+]
+
+# Problems beyond the kernel's limits, each with a word of the reason it is refused with.
+BEYOND_LIMITS = [
+    (_nhwc(N=1, C=3, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
+    (_nhwc(N=1, C=12, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
+    (_nhwc(N=1, C=16, H=16, W=16, K=16, R=3, S=3, padding=1, groups=2), "groups"),
+    (_nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(128, 1)), "filter offset is 8 bits"),
+    (_nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(1, 70)), "corner"),
+    (_nhwc(N=1, C=16, H=8, W=8, K=8, R=3, S=3, padding=(129, 1)), "corner"),
+    (_nhwc(N=1, C=16, H=40, W=40, K=8, R=1, S=1, stride=(9, 1)), "element strides"),
+]
+
+
 def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = None) -> Variant:
     """A day-16 variant (not registered) running ``config`` (a `WgmmaConfig` or its name) on every
     problem, or with None the per-problem `choose`.

@@ -16,7 +16,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from days.day16_igemm_wgmma import BK, ENTRIES, HOPPER_CC, choose, make_wgmma, w_map, x_map
+from days.day16_igemm_wgmma import (
+    BEYOND_LIMITS,
+    BK,
+    CHECK_PROBLEMS,
+    ENTRIES,
+    HOPPER_CC,
+    choose,
+    make_wgmma,
+    w_map,
+    x_map,
+)
 from helpers import tma
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
@@ -30,17 +40,7 @@ def nhwc(**kw) -> Conv2dProblem:
     return Conv2dProblem(layout="NHWC", dtype="fp16", **kw)
 
 
-# Problems the kernel takes, chosen to divide no tile (and the GPU tests' set).
-PROBLEMS = [
-    nhwc(N=1, C=64, H=8, W=8, K=128, R=1, S=1),  # one GEMM-K step
-    nhwc(N=2, C=64, H=15, W=13, K=70, R=3, S=3, padding=1),
-    nhwc(N=3, C=40, H=9, W=11, K=34, R=2, S=3, padding=(1, 0), stride=2, dilation=(1, 2)),  # last channel block 40/64
-    nhwc(N=2, C=256, H=14, W=14, K=256, R=1, S=1),
-    nhwc(N=1, C=24, H=10, W=9, K=33, R=4, S=5, padding=(6, 7), dilation=(3, 1)),  # rows with no tap inside
-    nhwc(N=2, C=72, H=17, W=6, K=300, R=3, S=2, padding=(2, 1), stride=(1, 2), dilation=(2, 1)),
-    nhwc(N=4, C=8, H=23, W=19, K=5, R=5, S=5, padding=2, stride=(3, 2)),  # C = 8, K odd
-    nhwc(N=2, C=136, H=12, W=12, K=257, R=3, S=3, padding=1, stride=(2, 1)),
-]
+PROBLEMS, REFUSED = CHECK_PROBLEMS, BEYOND_LIMITS
 
 
 def test_entries_are_the_ladder():
@@ -141,17 +141,6 @@ def test_maps_of_a_resnet_layer():
     assert wm.dims == (64, 3, 3, 64) and wm.box == (BK, 1, 1, cfg.bn) and wm.reason() is None
     s2 = nhwc(N=1, C=256, H=56, W=56, K=512, R=1, S=1, stride=2)
     assert x_map(s2, cfg).upper == (-1, -1) and x_map(s2, cfg).element_strides == (1, 2, 2, 1)
-
-
-REFUSED = [
-    (nhwc(N=1, C=3, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
-    (nhwc(N=1, C=12, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
-    (nhwc(N=1, C=16, H=16, W=16, K=16, R=3, S=3, padding=1, groups=2), "groups"),
-    (nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(128, 1)), "filter offset is 8 bits"),
-    (nhwc(N=1, C=16, H=300, W=300, K=8, R=3, S=3, dilation=(1, 70)), "corner"),
-    (nhwc(N=1, C=16, H=8, W=8, K=8, R=3, S=3, padding=(129, 1)), "corner"),
-    (nhwc(N=1, C=16, H=40, W=40, K=8, R=1, S=1, stride=(9, 1)), "element strides"),
-]
 
 
 @pytest.mark.parametrize("p, why", REFUSED, ids=[w for _, w in REFUSED])

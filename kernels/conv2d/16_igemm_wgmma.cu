@@ -54,6 +54,7 @@
 
 #include "conv2d_common.cuh"
 #include "hopper.cuh"
+#include "tensor_core.cuh"  // pack2
 
 // Built for any other GPU this file stops here; for plain sm_90, ptxas refuses wgmma and setmaxnreg
 // (nvcc's preprocessing pass does not define __CUDA_ARCH_FEAT_SM90_ALL, so that cannot be tested here).
@@ -73,17 +74,6 @@ template <bool BF16>
 __device__ __forceinline__ float to_f32(u16 v) {
     if constexpr (BF16) return __bfloat162float(__ushort_as_bfloat16(v));
     else return __half2float(__ushort_as_half(v));
-}
-
-template <bool BF16>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    if constexpr (BF16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<unsigned*>(&v);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<unsigned*>(&v);
-    }
 }
 
 struct Geometry {

@@ -19,14 +19,14 @@ from dataclasses import replace
 
 import pytest
 
-from days.day16_igemm_wgmma import ENTRIES, HOPPER_CC, make_wgmma
+from days.day16_igemm_wgmma import BEYOND_LIMITS, CHECK_PROBLEMS, ENTRIES, HOPPER_CC, make_wgmma
 from helpers import compile as hc
 from helpers import gpu
 from helpers.check import check
 from helpers.epilogue import Epilogue, check_epilogue
+from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
 from helpers.variants import UnsupportedProblem, get, run
-from tests.test_wgmma import PROBLEMS, REFUSED, nhwc
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def _assert_ok(r, p, kind: str) -> None:
 CASES = [
     pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
     for name in FORCED
-    for p in PROBLEMS
+    for p in CHECK_PROBLEMS
     for dt in DTYPES
     for kind in ("normal", "int")
 ]
@@ -85,8 +85,8 @@ def test_edge_suite(p, kind):
     _assert_ok(check(V, p, kind=kind), p, kind)
 
 
-P_EVEN = nhwc(N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
-P_ODD = nhwc(N=2, C=32, H=9, W=11, K=33, R=3, S=3, padding=1)
+P_EVEN = Conv2dProblem(layout="NHWC", dtype="fp16", N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
+P_ODD = Conv2dProblem(layout="NHWC", dtype="fp16", N=2, C=32, H=9, W=11, K=33, R=3, S=3, padding=1)
 EPILOGUE_CASES = [
     ("bias-only", P_EVEN, Epilogue(), {"with_cin": False}),
     ("scale-relu", P_EVEN, Epilogue(alpha=0.5, beta=2.0, relu=True), {}),
@@ -107,7 +107,7 @@ def test_epilogue(name, case, p, ep, kw):
     _assert_ok(r, p, kw.get("kind", "normal"))
 
 
-@pytest.mark.parametrize("p, why", REFUSED, ids=[w for _, w in REFUSED])
+@pytest.mark.parametrize("p, why", BEYOND_LIMITS, ids=[w for _, w in BEYOND_LIMITS])
 def test_beyond_the_limits_is_refused_before_a_launch(p, why):
     x, w = p.make_inputs(device="cuda")
     with pytest.raises(UnsupportedProblem, match=why):
@@ -116,11 +116,12 @@ def test_beyond_the_limits_is_refused_before_a_launch(p, why):
 
 def test_the_driver_places_maps_where_kernel_args_pads():
     """The layout `kernel_args` fills is the driver's: two 128-byte maps, then y at their end."""
-    p = PROBLEMS[1]
+    p = CHECK_PROBLEMS[1]
     (k,) = V.launches(p)
     info = gpu.device_info()
-    kern = hc.load_kernel(V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc),
-                          params=len(k.args))
+    kern = hc.load_kernel(
+        V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc), params=len(k.args)
+    )
     offs = kern.param_offsets
     assert len(offs) == len(k.args) == 21
     assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128
