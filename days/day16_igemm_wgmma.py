@@ -127,26 +127,36 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     return None
 
 
-def choose(p: Conv2dProblem) -> WgmmaConfig:
-    """The configuration the registered variant runs: the persistent schedule with 256 x 128 tiles,
-    or 128 x 64 when K <= 64 (a 128-wide tile would compute twice the filters there).
+SMALL_WAVES = 2  # below this many waves of 256 x 128 tiles over the SMs, the 128 x 64 tile balances better
 
-    Fitted on an H200 sweep of the first five configurations over ResNet-50's 38 problems:
-    persistent 256 x 128 was the best of them on 24, within 1 % on 32 and within 5 % on all; the
-    128 x 64 tile for K = 64 follows from the wasted half, and day 16's section 8 measures it.
+
+def choose(p: Conv2dProblem) -> WgmmaConfig:
+    """The configuration the registered variant runs, always the persistent schedule: 128 x 64 tiles
+    when K <= 64 (a 128-wide tile would compute twice the filters there) or when 256 x 128 tiles
+    would fill fewer than `SMALL_WAVES` waves of the SMs (too few tiles to balance), else 256 x 128.
+
+    Fitted on the H200 (2026-12-03, in sample: ResNet-50's 38 problems, every configuration timed
+    in one run against cuDNN): the rule reaches 0.755x cuDNN at N = 32 and 0.632x at N = 256
+    (geomeans), against 0.776x and 0.660x for the best of 256 x 128, 128 x 128 and 128 x 64 per
+    layer, and 0.629x and 0.636x for 256 x 128 alone (128 x 64 for K <= 64). Not yet judged out of
+    sample.
     """
-    return BY_NAME["persistent_128x64_c2_s8" if p.K <= 64 else "persistent_256x128_c2_s4"]
+    tiles = cdiv(p.gemm.m, 256) * cdiv(p.K, 128)
+    small = p.K <= 64 or tiles < SMALL_WAVES * _sms()
+    return BY_NAME["persistent_128x64_c2_s8" if small else "persistent_256x128_c2_s4"]
+
+
+def _sms() -> int:
+    """The GPU's multiprocessors, or `DEFAULT_SMS` without a GPU to ask."""
+    from helpers import gpu
+
+    return gpu.device_info().sms if gpu.has_gpu() else DEFAULT_SMS
 
 
 def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
     """Blocks of the launch: one per output tile, or for ``persistent`` at most one per SM."""
     tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
-    if cfg.mode != "persistent":
-        return tiles
-    from helpers import gpu
-
-    sms = gpu.device_info().sms if gpu.has_gpu() else DEFAULT_SMS
-    return min(tiles, sms)
+    return tiles if cfg.mode != "persistent" else min(tiles, _sms())
 
 
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:

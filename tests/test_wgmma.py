@@ -245,3 +245,11 @@ def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
     assert asked == {"with_map": 3, "plain": 0}
     compiled[0][1](m, m, np.uintp(3), grid=(1, 1, 1), block=(128, 1, 1))
     assert [a.itemsize for a in calls[0]] == [112, 128, 128, 8]
+
+
+def test_choose_takes_the_narrow_tile_for_few_filters_or_few_tiles():
+    big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 196 x 2 tiles of 256 x 128: > 2 waves
+    assert choose(big).name == "persistent_256x128_c2_s4"
+    assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64
+    assert choose(replace(big, N=32, name="")).name == "persistent_128x64_c2_s8"  # 25 x 2 tiles: < 2 waves
+    assert all(choose(p).mode == "persistent" for p in PROBLEMS)
