@@ -25,7 +25,7 @@ import numpy as np
 from helpers.compile import kernel_path
 from helpers.epilogue import Epilogue, scalars
 from helpers.problem import Conv2dProblem
-from helpers.tma import Im2colMap, TensorMap, TiledMap
+from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, TiledMap
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .kit import VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, groups_one_reason
@@ -85,7 +85,7 @@ def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
     bounding box from (-pad_w, -pad_h) to ((Q-1) stride_w - pad_w, (P-1) stride_h - pad_h),
     walked with the strides; the upper corner is relative to (W - 1, H - 1)."""
     (sh, sw), (ph, pw) = p.stride, p.padding
-    e = 2
+    e = ELEMENT_BYTES[p.dtype]
     return Im2colMap(
         dtype=p.dtype,
         dims=(p.C, p.W, p.H, p.N),
@@ -100,7 +100,7 @@ def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
 
 def w_map(p: Conv2dProblem, cfg: WgmmaConfig) -> TiledMap:
     """The tiled map of the KRSC filter (dims C, S, R, K): boxes of 64 channels x 1 x 1 x BN filters."""
-    e = 2
+    e = ELEMENT_BYTES[p.dtype]
     return TiledMap(dtype=p.dtype, dims=(p.C, p.S, p.R, p.K), strides=(p.C * e, p.S * p.C * e, p.R * p.S * p.C * e),
                     box=(BK, 1, 1, cfg.bn))  # fmt: skip
 
@@ -114,9 +114,10 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     if p.C % 8:
         return f"C = {p.C}: the copy engine needs C % 8 == 0 (16-byte pixel strides); day 13's kernel takes any C"
     (dh, dw) = p.dilation
+    limit = OFFSET_LIMIT[4]  # the filter offsets of a 4-d im2col copy
     for what, reach in (("(R-1)*dil_h", (p.R - 1) * dh), ("(S-1)*dil_w", (p.S - 1) * dw)):
-        if reach >= 256:
-            return f"filter reach {what} = {reach}: an im2col copy's filter offset is 8 bits (< 256)"
+        if reach >= limit:
+            return f"filter reach {what} = {reach}: an im2col copy's filter offset is 8 bits (< {limit})"
     for desc in (x_map(p, cfg), w_map(p, cfg)):
         reason = desc.reason()
         if reason:

@@ -72,6 +72,7 @@ class CompiledKernel:
 
 _modules: dict = {}  # (file, source, defines, arch) -> pycuda Module
 _cubins: dict = {}  # the same key -> the cubin it was loaded from (for `param_offsets`)
+_offsets: dict = {}  # (key, entry, count) -> the driver's parameter offsets, asked once
 
 
 def load_kernel(
@@ -127,12 +128,20 @@ def load_kernel(
         fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     return CompiledKernel(
         function=fn,
-        param_offsets=param_offsets(_cubins[key], entry, params) if params else None,
+        param_offsets=_offsets_of(key, entry, params) if params else None,
         num_regs=fn.num_regs,
         shared_static_bytes=static,
         local_bytes=fn.local_size_bytes,
         max_threads_per_block=fn.max_threads_per_block,
     )
+
+
+def _offsets_of(key: tuple, entry: str, count: int) -> tuple[int, ...]:
+    """`param_offsets` of a loaded module's entry, asked of the driver once per process."""
+    k = (key, entry, count)
+    if k not in _offsets:
+        _offsets[k] = param_offsets(_cubins[key], entry, count)
+    return _offsets[k]
 
 
 def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple[tuple, str]:

@@ -207,8 +207,8 @@ def kernel_args(args: tuple, offsets: tuple) -> tuple:
     0. A ``__grid_constant__ CUtensorMap`` parameter is 64-byte aligned in the GPU's parameter
     memory, which the driver reports as offsets of 48 modulo 64 on the H200 (its parameter bank
     starts 16 bytes past a 64-byte line). Placed where plain packing puts it, the map and every
-    later argument are read from the wrong bytes: the launch fails
-    (``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``) or the copy engine faults.
+    later argument are read from the wrong bytes: on the H200 such a launch ran without an error
+    (a small probe kernel read the wrong map bytes; a copy from a garbled map faults).
 
     Raises:
         ValueError: as many offsets as arguments, increasing without overlap, are needed.

@@ -253,3 +253,14 @@ def test_choose_takes_the_narrow_tile_for_few_filters_or_few_tiles():
     assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64
     assert choose(replace(big, N=32, name="")).name == "persistent_128x64_c2_s8"  # 25 x 2 tiles: < 2 waves
     assert all(choose(p).mode == "persistent" for p in PROBLEMS)
+
+
+def test_parameter_offsets_are_asked_of_the_driver_once(monkeypatch):
+    import helpers.compile as hc
+
+    asked = []
+    monkeypatch.setattr(hc, "param_offsets", lambda cubin, entry, count: asked.append(entry) or (112, 240))
+    monkeypatch.setitem(hc._cubins, ("k",), b"cubin")
+    monkeypatch.setattr(hc, "_offsets", {})
+    assert hc._offsets_of(("k",), "e", 2) == hc._offsets_of(("k",), "e", 2) == (112, 240)
+    assert asked == ["e"]
