@@ -4,6 +4,7 @@
 #   benchmarks/device_session.sh tests [PATH ...]  # pytest -q tests (CPU tests, compile tests, tests/gpu),
 #                                                   # or only the given test files
 #   benchmarks/device_session.sh sanitize [VARIANT ...]  # compute-sanitizer memcheck, racecheck, synccheck on benchmarks.smoke
+#                                                   # (--configs: each compiled configuration of day 16 forced)
 #   benchmarks/device_session.sh bench [SUITE ...]  # the committed CSVs: quick seed depthwise edge
 #                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
 #                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
@@ -48,9 +49,9 @@ case "$part" in
   sanitize)
     variants=()
     [ $# -gt 0 ] && variants=(--variants "$@")
-    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.smoke "${variants[@]}"
-    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m benchmarks.smoke "${variants[@]}"
-    step synccheck compute-sanitizer --tool synccheck --error-exitcode 1 python3 -m benchmarks.smoke "${variants[@]}"
+    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.smoke --configs "${variants[@]}"
+    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m benchmarks.smoke --configs "${variants[@]}"
+    step synccheck compute-sanitizer --tool synccheck --error-exitcode 1 python3 -m benchmarks.smoke --configs "${variants[@]}"
     ;;
   bench)
     suites=("$@")

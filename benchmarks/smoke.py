@@ -4,10 +4,13 @@
     python -m benchmarks.smoke --variants igemm_pipelined igemm_production   # just these
     compute-sanitizer --tool memcheck python -m benchmarks.smoke # the run the sanitizers watch
     compute-sanitizer --tool racecheck python -m benchmarks.smoke --variants shared
+    python -m benchmarks.smoke --variants igemm_wgmma --configs  # each compiled configuration forced
 
 Each variant runs `helpers.check.check` (normal and exact integer inputs) on the first problem
 of `SMALL`, adapted to its layout and dtype, that it claims on this GPU; small enough that the
-sanitizers (tens of times slower) finish in seconds. Prints one line per variant.
+sanitizers (tens of times slower) finish in seconds. With ``--configs`` a variant that compiles
+several configurations (``Variant.configs_fn``, e.g. day 16's schedules and tiles) runs each of
+them forced instead of its automatic choice. Prints one line per variant.
 
 Exit status: 0 if every variant passed, 1 if any failed or claimed none of the problems, 2
 without a GPU or on an unknown variant.
@@ -43,6 +46,8 @@ def smoke_problem(v, smem_limit: int | None = None, cc: tuple[int, int] | None =
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.smoke", description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", nargs="+", default=None, help="variant names (default: all registered)")
+    ap.add_argument("--configs", action="store_true",
+                    help="run every compiled configuration of variants that have several, forced")  # fmt: skip
     args = ap.parse_args(argv)
     from helpers import gpu, variants
     from helpers.check import check
@@ -52,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         print(f"python -m benchmarks.smoke: {e.args[0]}", file=sys.stderr)
         return 2
+    if args.configs:
+        vs = [c for v in vs for c in (v.configs_fn() if v.configs_fn else [v])]
     if not gpu.has_gpu():
         print("python -m benchmarks.smoke needs an NVIDIA GPU: torch sees no CUDA device here", file=sys.stderr)
         return 2

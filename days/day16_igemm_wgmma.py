@@ -2,7 +2,7 @@
 mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
-``persistent``: day 16's ladder), block tile BM x BN, consumer warpgroups and stages.
+``persistent``, ``pingpong``: day 16's ladder), block tile BM x BN, consumer warpgroups and stages.
 `ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built.
 `make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
 the registered ``igemm_wgmma`` picks one per problem (`choose`).
@@ -35,14 +35,16 @@ HOPPER_CC = (9, 0)
 BK = 64  # GEMM-K per stage: 64 channels, one 128-byte swizzled row
 ROW_BYTES = 2 * BK
 STAGE_BYTES = 64 * 128 * 2  # the epilogue's staging tile per consumer warpgroup
-MODES = ("one_wg", "specialised", "persistent")
+MODES = ("one_wg", "specialised", "persistent", "pingpong")
+PERSISTENT_MODES = ("persistent", "pingpong")  # one block per SM, looping over tiles
 DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
     """One entry of the kernel: schedule ``mode``, block tile ``bm`` x ``bn``, ``consumers`` math
-    warpgroups (each 64 * mt rows x bn), ``stages`` ring slots."""
+    warpgroups (each bm / consumers rows x bn of the tile; ``pingpong``: each a whole tile, the
+    block's tiles in turn), ``stages`` ring slots."""
 
     mode: str
     bm: int
@@ -155,9 +157,10 @@ def _sms() -> int:
 
 
 def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
-    """Blocks of the launch: one per output tile, or for ``persistent`` at most one per SM."""
+    """Blocks of the launch: one per output tile, or for ``persistent`` and ``pingpong`` at most
+    one per SM."""
     tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
-    return tiles if cfg.mode != "persistent" else min(tiles, _sms())
+    return tiles if cfg.mode not in PERSISTENT_MODES else min(tiles, _sms())
 
 
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
@@ -175,12 +178,12 @@ def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> li
 
 def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
     """Writes per element of Y[m][k] (NHWC, flat): block b computes tiles b, b + grid, ... (the
-    persistent loop; one tile per block otherwise), tile t = (t / tiles_n, t % tiles_n), and
-    stores its rows < M and columns < K once."""
+    persistent loop, which ping-pong deals out to its two consumers in turn; one tile per block
+    otherwise), tile t = (t / tiles_n, t % tiles_n), and stores its rows < M and columns < K once."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
     tiles = tiles_m * tiles_n
-    step = launch.grid[0] if cfg.mode == "persistent" else tiles
-    items = grid_stride_items(tiles, step) if cfg.mode == "persistent" else np.arange(min(launch.grid[0], tiles))
+    looping = cfg.mode in PERSISTENT_MODES
+    items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
     visits = np.bincount(items[items < tiles], minlength=tiles).reshape(tiles_m, tiles_n)
     return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
 
@@ -260,6 +263,7 @@ def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = Non
         min_cc=HOPPER_CC,
         min_cc_why="wgmma, setmaxnreg and the bulk tensor copy in im2col mode",
         arch_suffix="a",
+        configs_fn=None if config is not None else lambda: [make_wgmma(f"{name}[{c.name}]", c) for c in ENTRIES],
     )
 
 

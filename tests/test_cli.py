@@ -241,9 +241,27 @@ def test_every_variant_has_a_smoke_problem():
         for limit, cc in ((227 * 1024, (9, 0)), (48 * 1024, (8, 0))):
             if v.build_reason(cc):
                 continue
-            p = smoke_problem(v, smem_limit=limit, cc=cc)
-            assert p is not None, (v.name, limit, cc)
-            assert p.x_numel < 10_000 and v.supports(p, smem_limit=limit, cc=cc) is None
+            for c in v.configs_fn() if v.configs_fn else [v]:  # smoke --configs: each one forced
+                p = smoke_problem(c, smem_limit=limit, cc=cc)
+                assert p is not None, (c.name, limit, cc)
+                assert p.x_numel < 10_000 and c.supports(p, smem_limit=limit, cc=cc) is None
+
+
+def test_smoke_configs_expands_the_variants_with_several(monkeypatch, capsys):
+    """``--configs`` replaces day 16's automatic variant by each of its compiled configurations
+    (the sanitizers must see them all); without a GPU the run stops with status 2 after that."""
+    import benchmarks.smoke as smoke
+    from days.day16_igemm_wgmma import ENTRIES
+    from helpers import gpu, variants
+
+    v = variants.get("igemm_wgmma")
+    forced = v.configs_fn()
+    assert [c.name for c in forced] == [f"igemm_wgmma[{e.name}]" for e in ENTRIES]
+    assert all(c.configs_fn is None for c in forced)
+    assert variants.get("igemm_production").configs_fn is None
+    seen = []
+    monkeypatch.setattr(gpu, "has_gpu", lambda: seen.append(1) or False)
+    assert smoke.main(["--variants", "igemm_wgmma", "--configs"]) == 2 and seen
 
 
 def test_device_session_script_parses_and_refuses_an_unknown_part(tmp_path: Path):

@@ -45,7 +45,7 @@ PROBLEMS, REFUSED = CHECK_PROBLEMS, BEYOND_LIMITS
 
 def test_entries_are_the_ladder():
     modes = {c.mode for c in ENTRIES}
-    assert modes == {"one_wg", "specialised", "persistent"}
+    assert modes == {"one_wg", "specialised", "persistent", "pingpong"}
     for c in ENTRIES:
         assert c.threads == (128 if c.mode == "one_wg" else 128 * (1 + c.consumers))
         assert c.shared_bytes <= 227 * 1024, c
@@ -78,6 +78,27 @@ def test_persistent_grid_smaller_than_the_tiles_still_covers():
         assert (v.covers_fn(p, cfg) == 1).all(), grid
     one = FORCED["specialised_128x256_c2_s4"]
     assert one.launch(p).grid[0] == 392
+
+
+def test_pingpong_deals_each_blocks_tiles_to_its_two_consumers():
+    """The kernel's ping-pong loop, replayed: consumer g of block b takes the block's tiles
+    b + (g + 2 i) grid; together the consumers of all blocks take every tile once, as `covers`
+    says, and the slot uses they wait on are those the producer issued for that tile."""
+    p = nhwc(N=32, C=128, H=28, W=28, K=256, R=3, S=3, padding=1)  # 196 x 2 tiles of 128 x 128
+    v = FORCED["pingpong_128x128_c2_s6"]
+    grid, tiles, steps = v.launch(p).grid[0], -(-p.gemm.m // 128) * 2, 9 * 2  # 9 taps x 2 channel blocks
+    assert grid == 132 < tiles
+    taken = []
+    for b in range(grid):
+        produced = {tile: i * steps for i, tile in enumerate(range(b, tiles, grid))}  # the producer's order
+        for g in (0, 1):
+            u, tile = g * steps, b + g * grid
+            while tile < tiles:
+                assert u == produced[tile], (b, g, tile)
+                taken.append(tile)
+                u, tile = u + 2 * steps, tile + 2 * grid
+    assert sorted(taken) == list(range(tiles))
+    assert (v.covers(p) == 1).all()
 
 
 def test_a_dropped_tile_is_seen_by_the_coverage_model():

@@ -33,6 +33,13 @@
 //    PERSISTENT  SPECIALISED, with one block per SM looping over output tiles (tile = blockIdx.x,
 //                + gridDim.x, ...): the producer fetches the next tile while the consumers store
 //                this one, and the ring's phases run on across tiles.
+//    PINGPONG    PERSISTENT with two consumers that each own a whole BM x BN tile and take the
+//                block's tiles in turn (consumer 0 tiles 0, 2, 4, ... of the block, consumer 1
+//                tiles 1, 3, ...): one stores its tile while the other computes. An ordering
+//                mbarrier per consumer (order[g]) lets consumer g start its main loop only after
+//                the other has issued its last wgmma of the tile before, so the main loops run in
+//                tile order. That also keeps a consumer from waiting on a slot two phases early: the
+//                fills it waits for are always the next ones of their slots.
 //    Tile (tm, tn) = (tile / tiles_n, tile % tiles_n): consecutive blocks share A's pixels.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
 //    once, staged through a swizzled 64 x 128 tile per consumer so that y is stored in 16-byte runs
@@ -64,7 +71,7 @@
 
 typedef unsigned short u16;
 
-enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2 };
+enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2, PINGPONG = 3 };
 
 constexpr int BK = 64;            // GEMM-K per stage: 64 halves = one 128-byte swizzled row
 constexpr int ROW_BYTES = BK * 2;  // bytes per tile row
@@ -204,13 +211,16 @@ __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geome
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
 __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const Geometry& g,
                                             const Epilogue& ep) {
-    constexpr int BM = 64 * MT * CONSUMERS;
+    constexpr bool PING = MODE == PINGPONG;
+    constexpr int BM = 64 * MT * (PING ? 1 : CONSUMERS);  // ping-pong: every consumer owns a whole tile
+    constexpr int READERS = PING ? 1 : CONSUMERS;         // consumer warpgroups reading one slot
     constexpr int SLOT = (BM + BN) * ROW_BYTES;
     static_assert(BN % 64 == 0 && (BN <= STAGE_MAX_COLS || BN % STAGE_MAX_COLS == 0), "BN: whole staging tiles");
     static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
+    static_assert(!PING || CONSUMERS == 2, "ping-pong: two consumers");
     extern __shared__ unsigned char smem_raw[];
     unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], order[2];
 
     const int tid = threadIdx.x;
     const int tiles_n = CEIL_DIV(g.K, BN), tiles = CEIL_DIV(g.M, BM) * tiles_n;
@@ -218,13 +228,15 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * CONSUMERS);  // one arrival per consumer warp
+            mbar_init(&empty[s], 4 * READERS);  // one arrival per reading warp
         }
+        mbar_init(&order[0], 1);
+        mbar_init(&order[1], 1);
         mbar_fence_init();
     }
     __syncthreads();
 
-    const int first_tile = blockIdx.x, tile_step = MODE == PERSISTENT ? gridDim.x : tiles;
+    const int first_tile = blockIdx.x, tile_step = MODE >= PERSISTENT ? gridDim.x : tiles;
 
     if constexpr (MODE == ONE_WG) {
         // ---- one warpgroup: thread 0 keeps STAGES - 1 steps in flight ahead of the math
@@ -274,22 +286,28 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         } else {
             setmaxnreg_inc<CONSUMER_REGS>();
             const int group = wg - 1, lane_t = tid % 128;
-            int u = 0;  // slots consumed so far
-            for (int tile = first_tile; tile < tiles; tile += tile_step) {
+            // ping-pong: this consumer's tiles are every second one of the block's, from the group-th
+            const int own_first = first_tile + (PING ? group * tile_step : 0), own_step = PING ? 2 * tile_step : tile_step;
+            int u = PING ? group * steps : 0;  // the ring's slot uses so far (both consumers' when ping-pong)
+            for (int tile = own_first, n = 0; tile < tiles; tile += own_step, ++n) {
                 const int m0 = (tile / tiles_n) * BM, k0 = (tile % tiles_n) * BN;
+                // ping-pong: the other consumer has issued its last wgmma of the tile before this one
+                if (PING && (group == 1 || n > 0)) mbar_wait(&order[group], (n - (group == 0)) & 1);
                 float acc[MT][BN / 2] = {};
                 for (int t = 0; t < steps; ++t, ++u) {
                     const int slot = u % STAGES;
                     mbar_wait(&full[slot], (u / STAGES) & 1);
-                    mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, group);
+                    mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, PING ? 0 : group);
                     wgmma_wait<1>();
                     if (t > 0 && lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
                 }
+                if (PING && lane_t == 0) mbar_arrive(&order[1 - group]);  // the other consumer's turn
                 wgmma_wait<0>();
                 if (lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
+                if (PING) u += steps;  // the slot uses of the other consumer's tile
 #pragma unroll
                 for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-                store_tile<BN, MT, BF16>(acc, g, ep, m0 + group * MT * 64, k0, lane_t,
+                store_tile<BN, MT, BF16>(acc, g, ep, m0 + (PING ? 0 : group * MT * 64), k0, lane_t,
                                          reinterpret_cast<u16*>(ring + STAGES * SLOT + group * STAGE_BYTES), 1 + group);
             }
         }
@@ -309,7 +327,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, u16* y,        \
             const u16* cin, const u16* __restrict__ bias, int M, int K, int P, int Q, int sh, int sw, int ph,  \
             int pw, int dh, int dw, int S, int taps, int cblocks, float alpha, float beta, int relu) {        \
-        static_assert(BM == 64 * MT * CONS, "BM = 64 MT CONSUMERS");                                           \
+        static_assert(BM == 64 * MT * (MODE == PINGPONG ? 1 : CONS), "BM = 64 MT (x CONSUMERS but ping-pong)");  \
         igemm_wgmma<BN, MT, CONS, ST, MODE, BF16>(&xmap, &wmap,                                                \
                                                   Geometry{M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps, cblocks}, \
                                                   Epilogue{y, cin, bias, alpha, beta, relu});                  \
@@ -319,7 +337,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
     WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, true, bf16)
 
 // WGMMA_ENTRIES (days/day16_igemm_wgmma.py reads this list; keep one entry per line). MT is the
-// number of 64-row m-tiles per consumer warpgroup: BM = 64 MT CONSUMERS.
+// number of 64-row m-tiles per consumer warpgroup: BM = 64 MT CONSUMERS (ping-pong: BM = 64 MT).
 WGMMA_ENTRY(ONE_WG, one_wg, 128, 128, 2, 1, 4)
 WGMMA_ENTRY(SPECIALISED, specialised, 128, 256, 1, 2, 4)
 WGMMA_ENTRY(SPECIALISED, specialised, 256, 128, 2, 2, 4)
@@ -327,3 +345,6 @@ WGMMA_ENTRY(PERSISTENT, persistent, 128, 256, 1, 2, 4)
 WGMMA_ENTRY(PERSISTENT, persistent, 256, 128, 2, 2, 4)
 WGMMA_ENTRY(PERSISTENT, persistent, 128, 128, 1, 2, 6)
 WGMMA_ENTRY(PERSISTENT, persistent, 128, 64, 1, 2, 8)
+WGMMA_ENTRY(PINGPONG, pingpong, 128, 128, 2, 2, 6)
+WGMMA_ENTRY(PINGPONG, pingpong, 128, 64, 2, 2, 8)
+WGMMA_ENTRY(PINGPONG, pingpong, 64, 256, 1, 2, 4)

@@ -1,6 +1,6 @@
 """Day 16's Hopper kernel on a GPU (sm_90a: an H100 or H200; tests/test_wgmma.py is the CPU half).
 
-* every instantiated configuration (the ladder: one warpgroup, specialised, persistent) on NHWC
+* every instantiated configuration (the ladder: one warpgroup, specialised, persistent, ping-pong) on NHWC
   problems that divide no tile, with stride, padding and dilation on either axis, C = 8 .. 256
   with a partial last channel block, K odd; fp16 and bf16, normal and integer (bit-exact) inputs;
 * the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
