@@ -191,7 +191,7 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarr
 def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
     """x and w 16-byte aligned (the copy engine's global addresses); y, and cin when it is read,
     4-byte aligned when K is even (the epilogue's stores of column pairs). None or the reason."""
-    reason = alignment_reason(tensors, {"x": VEC_BYTES, "w": VEC_BYTES}, "the copy engine (TMA)")
+    reason = alignment_reason(tensors, {"x": VEC_BYTES, "w": VEC_BYTES}, "the copy engine's (TMA) global addresses")
     if reason is None and p.K % 2 == 0:
         cin = {"cin": 4} if epilogue.beta != 0 else {}
         reason = alignment_reason(tensors, {"y": 4, **cin}, "the epilogue's 32-bit stores and Cin reads")

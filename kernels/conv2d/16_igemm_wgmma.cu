@@ -23,7 +23,8 @@
 // 3. Pacing: a ring of STAGES slots, each with two mbarriers. full[s] completes when the copy
 //    engine has written both tiles of slot s (one arrival with the expected bytes, mbar_expect_tx,
 //    then the bytes); empty[s] when every consumer warp is done reading it (one arrival per warp).
-//    Use u of a slot (u = 0, 1, ...) waits on phase parity u & 1.
+//    Step u of the ring (GEMM-K steps over all of a block's tiles) uses slot u % STAGES for the
+//    (u / STAGES)-th time and waits on phase parity (u / STAGES) & 1.
 // 4. Three schedules (MODE), the steps of day 16's ladder:
 //    ONE_WG      one warpgroup does everything: thread 0 issues the copies STAGES - 1 steps ahead,
 //                between its own wgmma steps; block 128 threads.
