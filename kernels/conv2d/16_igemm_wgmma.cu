@@ -132,13 +132,16 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigne
 // ---- the epilogue: the accumulators to y through a staging tile, in 16-byte runs
 // Each consumer warpgroup has its own staging tile of 64 rows x STAGE_COLS = min(BN, 128) columns
 // (halves), and passes over its MT x BN / STAGE_COLS sub-tiles of that size. Pass 1: every thread
-// finishes its own values,
-// act(alpha * acc + beta * Cin + bias) in fp32 (Cin read where the value sits, 32-bit loads when K
-// is even), rounds them once and writes the pairs into the tile; pass 2: thread t copies 16-byte
-// runs of 8 channels, run t % (STAGE_COLS / 8) of rows t / (STAGE_COLS / 8) + ..., so 16 (or 8)
-// threads store 256 (128) contiguous bytes of one output row. The tile's 16-byte chunk c of row r
-// sits at chunk c ^ (r % 8): pass 1's 4-byte writes (8 rows x 4 lanes per instruction) and pass
-// 2's 16-byte reads are both conflict-free without padding.
+// finishes its own values, act(alpha * acc + beta * Cin + bias) in fp32 (Cin read where the value
+// sits, 32-bit loads when K is even; the bias of its 2 STAGE_COLS / 8 columns read once per pass),
+// rounds them once and writes the pairs into the tile; pass 2: thread t copies 16-byte runs of 8
+// channels, run t % (STAGE_COLS / 8) of rows t / (STAGE_COLS / 8) + 128 / (STAGE_COLS / 8) i, so 16
+// (or 8) threads store 256 (128) contiguous bytes of one output row. The tile's 16-byte chunk c of
+// row r sits at chunk c ^ (r % 8): pass 1's 4-byte writes (8 rows x 4 lanes per instruction) and
+// pass 2's 16-byte reads are both conflict-free without padding.
+// Every branch here is uniform over the warpgroup but the bounds tests of a partial tile: the per-
+// value code is a few instructions, and the passes run on the critical path of one-step layers
+// (a 1x1 conv with C <= 64 is all epilogue), where a branchy version cost 3x the loads.
 constexpr int STAGE_ROWS = 64, STAGE_MAX_COLS = 128;
 constexpr int STAGE_BYTES = STAGE_ROWS * STAGE_MAX_COLS * 2;
 
@@ -146,57 +149,80 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Pass 1 of one 64 x STAGE_COLS sub-tile (m-tile j's rows from m_row, columns from k_col): the
+// values of this thread into the staging tile. CIN: add beta * Cin (read only inside the problem).
+template <int BN, bool BF16, int STAGE_COLS, bool CIN>
+__device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int ibase, const float (&bias)[STAGE_COLS / 4],
+                                             const Geometry& g, const Epilogue& ep, int m_row, int k_col,
+                                             u16* stage_row, int swz) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int m = m_row + 8 * h;  // rows r and r + 8 of the thread
+        const u16* cs = CIN ? ep.cin + (idx_t)m * g.K + k_col : nullptr;
+#pragma unroll
+        for (int c8 = 0; c8 < STAGE_COLS / 8; ++c8) {
+            const int i = ibase + 4 * c8 + 2 * h;
+            float v0 = fmaf(ep.alpha, acc[i], bias[2 * c8]), v1 = fmaf(ep.alpha, acc[i + 1], bias[2 * c8 + 1]);
+            if constexpr (CIN) {
+                const int k = k_col + 8 * c8;
+                if (m < g.M && k < g.K) {
+                    if (g.K % 2 == 0) {
+                        const unsigned both = *reinterpret_cast<const unsigned*>(cs + 8 * c8);
+                        v0 += ep.beta * to_f32<BF16>((u16)(both & 0xFFFF));
+                        v1 += ep.beta * to_f32<BF16>((u16)(both >> 16));
+                    } else {
+                        v0 += ep.beta * to_f32<BF16>(cs[8 * c8]);
+                        if (k + 1 < g.K) v1 += ep.beta * to_f32<BF16>(cs[8 * c8 + 1]);
+                    }
+                }
+            }
+            if (ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
+                v0 = v0 < 0.0f ? 0.0f : v0;
+                v1 = v1 < 0.0f ? 0.0f : v1;
+            }
+            *reinterpret_cast<unsigned*>(stage_row + 8 * h * STAGE_COLS + 8 * (c8 ^ swz)) = pack2<BF16>(v0, v1);
+        }
+    }
+}
+
 template <int BN, int MT, bool BF16, int STAGE_COLS = (BN < STAGE_MAX_COLS ? BN : STAGE_MAX_COLS)>
 __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
                                            int row0, int k0, int lane_t, u16* stage, int bar_id) {
-    const int warp = lane_t / 32, lane = lane_t % 32;
-    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, pairs = g.K % 2 == 0, vec = g.K % 8 == 0;
+    constexpr int CH = STAGE_COLS / 8, RSTEP = 128 / CH;  // pass 2: chunks per row, rows per step
+    const unsigned warp = lane_t / 32, lane = lane_t % 32;
+    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, vec = g.K % 8 == 0;
+    // pass 1: rows 16 warp + lane / 4 (+ 8), columns 8 c8 + 2 (lane % 4) (+ 1); pass 2: chunk ch of
+    // rows r2 + RSTEP it, whose swizzle r % 8 = r2 % 8 is the same for every it (RSTEP % 8 == 0)
+    const int r1 = 16 * warp + lane / 4, c1 = 2 * (lane % 4);
+    const int ch = lane_t % CH, r2 = lane_t / CH;
+    u16* const stage1 = stage + r1 * STAGE_COLS + c1;
+    const u16* const stage2 = stage + r2 * STAGE_COLS + 8 * (ch ^ (r2 % 8));
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+    for (int cb = 0; cb < BN / STAGE_COLS; ++cb) {
+        const int k_col = k0 + STAGE_COLS * cb + c1;
+        float bias[STAGE_COLS / 4];  // this thread's columns of the pass; -0 (adds nothing) without bias or past K
 #pragma unroll
-        for (int cb = 0; cb < BN / STAGE_COLS; ++cb) {
+        for (int c = 0; c < STAGE_COLS / 4; ++c) {
+            const int k = k_col + 8 * (c / 2) + c % 2;
+            bias[c] = ep.bias != nullptr && k < g.K ? to_f32<BF16>(ep.bias[k]) : -0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
             named_barrier(bar_id, 128);  // the last pass's reads of the tile are done
-            // pass 1: values -> staging tile
-#pragma unroll
-            for (int c8 = 0; c8 < STAGE_COLS / 8; ++c8)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = 4 * (STAGE_COLS / 8 * cb + c8) + 2 * h;
-                    const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * c8 + 2 * (lane % 4);
-                    const int m = row0 + 64 * j + r, k = k0 + STAGE_COLS * cb + c;
-                    float v0 = ep.alpha * acc[j][i], v1 = ep.alpha * acc[j][i + 1];
-                    if (ep.bias != nullptr) {
-                        if (k < g.K) v0 += to_f32<BF16>(ep.bias[k]);
-                        if (k + 1 < g.K) v1 += to_f32<BF16>(ep.bias[k + 1]);
-                    }
-                    if (with_c && m < g.M && k < g.K) {
-                        const u16* cs = ep.cin + (idx_t)m * g.K + k;
-                        if (pairs) {
-                            const unsigned both = *reinterpret_cast<const unsigned*>(cs);
-                            v0 += ep.beta * to_f32<BF16>((u16)(both & 0xFFFF));
-                            v1 += ep.beta * to_f32<BF16>((u16)(both >> 16));
-                        } else {
-                            v0 += ep.beta * to_f32<BF16>(cs[0]);
-                            if (k + 1 < g.K) v1 += ep.beta * to_f32<BF16>(cs[1]);
-                        }
-                    }
-                    if (ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
-                        v0 = v0 < 0.0f ? 0.0f : v0;
-                        v1 = v1 < 0.0f ? 0.0f : v1;
-                    }
-                    *reinterpret_cast<unsigned*>(stage + r * STAGE_COLS + 8 * (c8 ^ (r % 8)) + 2 * (lane % 4)) =
-                        pack2<BF16>(v0, v1);
-                }
+            const int m_row = row0 + 64 * j + r1, ibase = 4 * CH * cb;
+            if (with_c)
+                stage_values<BN, BF16, STAGE_COLS, true>(acc[j], ibase, bias, g, ep, m_row, k_col, stage1, lane / 4);
+            else
+                stage_values<BN, BF16, STAGE_COLS, false>(acc[j], ibase, bias, g, ep, m_row, k_col, stage1, lane / 4);
             named_barrier(bar_id, 128);
             // pass 2: staging tile -> y (not unrolled: unrolled, its loads and addresses are
             // hoisted beside the accumulators of the passes still to come, and spill)
+            const int m2 = row0 + 64 * j + r2, k = k0 + STAGE_COLS * cb + 8 * ch;
+            if (k >= g.K) continue;
+            u16* dst = ep.y + (idx_t)m2 * g.K + k;
 #pragma unroll 1
-            for (int it = 0; it < STAGE_ROWS * STAGE_COLS / 8 / 128; ++it) {
-                const int idx = lane_t + 128 * it, r = idx / (STAGE_COLS / 8), ch = idx % (STAGE_COLS / 8);
-                const int m = row0 + 64 * j + r, k = k0 + STAGE_COLS * cb + 8 * ch;
-                if (m >= g.M || k >= g.K) continue;
-                const uint4 v = *reinterpret_cast<const uint4*>(stage + r * STAGE_COLS + 8 * (ch ^ (r % 8)));
-                u16* dst = ep.y + (idx_t)m * g.K + k;
+            for (int it = 0; it < STAGE_ROWS / RSTEP && m2 + RSTEP * it < g.M; ++it, dst += (idx_t)RSTEP * g.K) {
+                const uint4 v = *reinterpret_cast<const uint4*>(stage2 + RSTEP * STAGE_COLS * it);
                 if (vec) {
                     *reinterpret_cast<uint4*>(dst) = v;
                 } else {
@@ -207,6 +233,7 @@ __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geome
                 }
             }
         }
+    }
 }
 
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
@@ -220,7 +247,9 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
     static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
     static_assert(!PING || CONSUMERS == 2, "ping-pong: two consumers");
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    // the ring 1024-byte aligned (the swizzle's period), as an offset into smem_raw so that the
+    // compiler still knows every tile pointer as shared memory (st.shared / ld.shared, not generic)
+    unsigned char* ring = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], order[2];
 
     const int tid = threadIdx.x;
@@ -231,8 +260,10 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], 4 * READERS);  // one arrival per reading warp
         }
-        mbar_init(&order[0], 1);
-        mbar_init(&order[1], 1);
+        if (PING) {
+            mbar_init(&order[0], 1);
+            mbar_init(&order[1], 1);
+        }
         mbar_fence_init();
     }
     __syncthreads();
