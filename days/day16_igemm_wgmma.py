@@ -130,26 +130,27 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     return None
 
 
-SMALL_WAVES = 2  # below this many waves of 256 x 128 tiles over the SMs, the 128 x 128 tile balances better
+SMALL_WAVES = 2  # below this many waves of 256-row tiles over the SMs, a 128-row tile balances better
 
 
 def choose(p: Conv2dProblem) -> WgmmaConfig:
-    """The configuration the registered variant runs, always the persistent schedule: 128 x 64 tiles
-    when K <= 64 (a 128-wide tile would compute twice the filters there), 128 x 128 when 256 x 128
-    tiles would fill fewer than `SMALL_WAVES` waves of the SMs (too few tiles to balance), else
-    256 x 128.
+    """The configuration the registered variant runs, always the persistent schedule. K <= 64 (a
+    128-wide tile would compute twice the filters): 256 x 64, or 128 x 64 when 256-row tiles fill
+    fewer than `SMALL_WAVES` waves of the SMs. Else 256 x 128, or 128 x 128 below `SMALL_WAVES`
+    waves of 256 x 128 tiles (too few tiles to balance).
 
     Fitted on the H200 (2026-12-03, in sample: ResNet-50's 38 problems, every configuration timed
-    in one run against cuDNN): the rule reaches 0.964x cuDNN at N = 32 and 0.961x at N = 256
-    (geomeans), against 1.025x and 0.975x for the best configuration per layer and 0.910x and
-    0.861x for 128 x 128 alone. Out of sample (the same run: VGG-16's and U-Net's 3x3 layers at
-    N = 8, 14 layers) it reaches 0.959x, against 0.997x for the best per layer and 0.864x for the
-    best single configuration (128 x 128).
+    in one run against cuDNN): the rule reaches 0.992x cuDNN at N = 32 and 0.958x at N = 256
+    (geomeans), against 1.055x and 0.974x for the best configuration per layer and 0.931x and
+    0.859x for 128 x 128 alone. Out of sample (the same run: VGG-16's and U-Net's 3x3 layers at
+    N = 8, 14 layers) it reaches 0.979x, against 1.018x for the best per layer and 0.870x for the
+    best single configuration (256 x 64).
     """
+    waves = SMALL_WAVES * _sms()
     if p.K <= 64:
-        return BY_NAME["persistent_128x64_c2_s8"]
+        return BY_NAME["persistent_256x64_c2_s4" if cdiv(p.gemm.m, 256) >= waves else "persistent_128x64_c2_s8"]
     tiles = cdiv(p.gemm.m, 256) * cdiv(p.K, 128)
-    return BY_NAME["persistent_128x128_c2_s6" if tiles < SMALL_WAVES * _sms() else "persistent_256x128_c2_s4"]
+    return BY_NAME["persistent_256x128_c2_s4" if tiles >= waves else "persistent_128x128_c2_s6"]
 
 
 def _sms() -> int:

@@ -271,7 +271,8 @@ def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
 def test_choose_takes_narrower_tiles_for_few_filters_or_few_tiles():
     big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 196 x 2 tiles of 256 x 128: > 2 waves
     assert choose(big).name == "persistent_256x128_c2_s4"
-    assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64
+    assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64, 196 row tiles: < 2 waves
+    assert choose(replace(big, K=64, H=28, W=28, name="")).name == "persistent_256x64_c2_s4"  # 784 row tiles
     assert choose(replace(big, N=32, name="")).name == "persistent_128x128_c2_s6"  # 25 x 2 tiles: < 2 waves
     assert choose(replace(big, N=32, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64 first
     assert all(choose(p).mode == "persistent" for p in PROBLEMS)
