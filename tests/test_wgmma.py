@@ -11,6 +11,8 @@ coverage model and its launch arguments (tests/gpu/test_wgmma_gpu.py runs the ke
 
 from __future__ import annotations
 
+import re
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -27,6 +29,7 @@ from days.day16_igemm_wgmma import (
     w_map,
     x_map,
 )
+from helpers import compile as hc
 from helpers import tma
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
@@ -287,3 +290,47 @@ def test_parameter_offsets_are_asked_of_the_driver_once(monkeypatch):
     monkeypatch.setattr(hc, "_offsets", {})
     assert hc._offsets_of(("k",), "e", 2) == hc._offsets_of(("k",), "e", 2) == (112, 240)
     assert asked == ["e"]
+
+
+# ---- the address space of every load and store (the epilogue's 1.7x on one-step layers, day 16 section 11) ----
+
+PTX_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld|st)((?:\.[\w:]+)+)\s", re.M)
+STATE_SPACES = {"shared", "global", "param", "local", "const"}
+OLD_RING = "reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))"
+
+
+def generic_accesses(ptx: str) -> list[str]:
+    """The ``ld``/``st`` instructions of ``ptx`` without a state space (.shared, .global, ...): loads
+    and stores through generic addresses, which ptxas turns into LD/ST instead of LDS/STS or LDG/STG."""
+    return [m.group(1) + m.group(2) for m in PTX_ACCESS.finditer(ptx)
+            if not STATE_SPACES & set(m.group(2).split(".")[1:])]  # fmt: skip
+
+
+def ptx_of(source: str, tmp_path) -> str:
+    src, out = tmp_path / "k.cu", tmp_path / "k.ptx"
+    src.write_text(source)
+    cmd = ["nvcc", "-ptx", "-arch=sm_90a", *hc.NVCC_OPTIONS, "-I", str(hc.KERNEL_DIR), "-o", str(out), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out.read_text()
+
+
+needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
+
+
+@needs_nvcc
+def test_every_load_and_store_of_the_kernel_names_its_memory(tmp_path):
+    ptx = ptx_of(hc.kernel_path("16_igemm_wgmma.cu").read_text(), tmp_path)
+    assert "st.shared" in ptx and "st.global" in ptx
+    assert generic_accesses(ptx) == []
+
+
+@needs_nvcc
+def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path):
+    """The planted fault: the ring aligned by rounding a uintptr_t, as before day 16's epilogue fix;
+    the staging tile's stores and loads become generic."""
+    src = hc.kernel_path("16_igemm_wgmma.cu").read_text()
+    line = re.search(r"unsigned char\* ring = (.*);", src)
+    assert line, "the ring's declaration moved"
+    planted = src.replace(line.group(0), f"unsigned char* ring = {OLD_RING};")
+    found = set(generic_accesses(ptx_of(planted, tmp_path)))
+    assert {"st.u32", "ld.v4.u32"} <= found, found
