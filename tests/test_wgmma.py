@@ -37,6 +37,7 @@ from helpers.variants import KernelLaunch, LaunchConfig, bind, compile_launches,
 
 V = get("igemm_wgmma")
 FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
+needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
 def nhwc(**kw) -> Conv2dProblem:
@@ -312,9 +313,6 @@ def ptx_of(source: str, tmp_path) -> str:
     cmd = ["nvcc", "-ptx", "-arch=sm_90a", *hc.NVCC_OPTIONS, "-I", str(hc.KERNEL_DIR), "-o", str(out), str(src)]
     subprocess.run(cmd, check=True, capture_output=True)
     return out.read_text()
-
-
-needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
 @needs_nvcc
