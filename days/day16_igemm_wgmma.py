@@ -9,7 +9,9 @@ the registered ``igemm_wgmma`` picks one per problem (`choose`).
 
 The tensor maps (`helpers.tma`): x as an `helpers.tma.Im2colMap` (dims C, W, H, N; BM pixels of
 64 channels per copy; the bounding box that holds exactly P x Q output pixels per image), w as a
-`helpers.tma.TiledMap` (dims C, S, R, K; boxes of 64 channels x 1 x 1 x BN). Problems outside the
+`helpers.tma.TiledMap` (dims C, S, R, K; boxes of 64 channels x 1 x 1 x BN), and y, which the
+epilogue stores through, as a `helpers.tma.TiledMap` of the GEMM's M x K (boxes of 64 x 64) when
+K % 8 == 0. Problems outside the
 im2col mode's limits (padding or box corners beyond -128 .. 127, a filter reach (R-1) dil_h or
 (S-1) dil_w of 256 or more, strides above 8), with C % 8 != 0 (the copy engine's 16-byte strides)
 or groups > 1 are refused with the reason: day 13's kernel runs them.
@@ -25,7 +27,7 @@ import numpy as np
 from helpers.compile import kernel_path
 from helpers.epilogue import Epilogue, scalars
 from helpers.problem import Conv2dProblem
-from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, TiledMap
+from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, UNUSED_MAP, Im2colMap, TensorMap, TiledMap
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .kit import VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, groups_one_reason
@@ -34,7 +36,8 @@ CU_FILE = "16_igemm_wgmma.cu"
 HOPPER_CC = (9, 0)
 BK = 64  # GEMM-K per stage: 64 channels, one 128-byte swizzled row
 ROW_BYTES = 2 * BK
-STAGE_BYTES = 64 * 128 * 2  # the epilogue's staging tile per consumer warpgroup
+STAGE_COLS = 64  # the epilogue's sub-tile: 64 x 64, one box of y's map
+STAGE_BYTES = 2 * 64 * STAGE_COLS * 2  # the epilogue's two staging buffers per consumer warpgroup
 MODES = ("one_wg", "specialised", "persistent", "pingpong")
 PERSISTENT_MODES = ("persistent", "pingpong")  # one block per SM, looping over tiles
 DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
@@ -66,7 +69,7 @@ class WgmmaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """The ring, STAGES x (BM + BN) rows of 128 bytes, one 64 x 128-half staging tile per
+        """The ring, STAGES x (BM + BN) rows of 128 bytes, two 64 x 64-half staging buffers per
         consumer (16 KB), and 1024 bytes to align the ring to 1024."""
         return self.stages * (self.bm + self.bn) * ROW_BYTES + self.consumers * STAGE_BYTES + 1024
 
@@ -107,6 +110,13 @@ def w_map(p: Conv2dProblem, cfg: WgmmaConfig) -> TiledMap:
                     box=(BK, 1, 1, cfg.bn))  # fmt: skip
 
 
+def y_map(p: Conv2dProblem) -> TiledMap:
+    """The tiled map of y as the GEMM's M x K matrix (dims K, M = N P Q): boxes of 64 x 64, the
+    128-byte swizzle; the epilogue's stores (K % 8 == 0: rows of 16-byte multiples)."""
+    e = ELEMENT_BYTES[p.dtype]
+    return TiledMap(dtype=p.dtype, dims=(p.K, p.gemm.m), strides=(p.K * e,), box=(STAGE_COLS, 64))
+
+
 def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     """None if ``cfg`` runs ``p``, else why not: groups, channels, the copy engine's limits on both
     maps, the filter offsets of the im2col copies, 32-bit indices."""
@@ -120,37 +130,48 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     for what, reach in (("(R-1)*dil_h", (p.R - 1) * dh), ("(S-1)*dil_w", (p.S - 1) * dw)):
         if reach >= limit:
             return f"filter reach {what} = {reach}: an im2col copy's filter offset is 8 bits (< {limit})"
-    for desc in (x_map(p, cfg), w_map(p, cfg)):
+    maps = {"x": x_map(p, cfg), "w": w_map(p, cfg), **({"y": y_map(p)} if p.K % 8 == 0 else {})}
+    for name, desc in maps.items():
         reason = desc.reason()
         if reason:
-            return f"{'x' if isinstance(desc, Im2colMap) else 'w'} tensor map: {reason}"
+            return f"{name} tensor map: {reason}"
     m = p.gemm.m
     if m + cfg.bm > INT32_MAX or p.R * p.S * cdiv(p.C, BK) > INT32_MAX:
         return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
     return None
 
 
-SMALL_WAVES = 2  # below this many waves of 256-row tiles over the SMs, a 128-row tile balances better
+PINGPONG_STEPS = 8  # at most this many GEMM-K steps per tile: the epilogue is a large share, ping-pong hides it
+
+
+def last_wave_fill(tiles: int, sms: int) -> float:
+    """The share of the SMs' tile slots the tiles use, one tile per SM per wave: tiles / (waves x
+    SMs), 1.0 when the last wave is full."""
+    return tiles / (cdiv(tiles, sms) * sms)
 
 
 def choose(p: Conv2dProblem) -> WgmmaConfig:
-    """The configuration the registered variant runs, always the persistent schedule. K <= 64 (a
-    128-wide tile would compute twice the filters): 256 x 64, or 128 x 64 when 256-row tiles fill
-    fewer than `SMALL_WAVES` waves of the SMs. Else 256 x 128, or 128 x 128 below `SMALL_WAVES`
-    waves of 256 x 128 tiles (too few tiles to balance).
+    """The configuration the registered variant runs. At most `PINGPONG_STEPS` GEMM-K steps per
+    tile (1x1 layers, C <= 512): ping-pong (128 x 64 when K <= 64, else 128 x 128), whose two
+    consumers store one tile while computing the other. Else persistent, 64 columns when K <= 64
+    (a 128-wide tile would compute twice the filters), else 128; 256 rows unless 128-row tiles fill
+    the last wave of the SMs better (`last_wave_fill`: ties go to the larger tile, which reads less
+    per FLOP).
 
     Fitted on the H200 (2026-12-03, in sample: ResNet-50's 38 problems, every configuration timed
-    in one run against cuDNN): the rule reaches 0.992x cuDNN at N = 32 and 0.958x at N = 256
-    (geomeans), against 1.055x and 0.974x for the best configuration per layer and 0.931x and
-    0.859x for 128 x 128 alone. Out of sample (the same run: VGG-16's and U-Net's 3x3 layers at
-    N = 8, 14 layers) it reaches 0.979x, against 1.018x for the best per layer and 0.870x for the
-    best single configuration (256 x 64).
+    in one run against cuDNN): the rule reaches 1.014x cuDNN at N = 32 and 0.984x at N = 256
+    (geomeans), against 1.053x and 0.991x for the best configuration per layer and 0.953x and
+    0.920x for the best single configuration. Out of sample (the same run: VGG-16's and U-Net's
+    3x3 layers at N = 8, 14 layers) it reaches 0.993x, against 1.007x for the best per layer.
     """
-    waves = SMALL_WAVES * _sms()
-    if p.K <= 64:
-        return BY_NAME["persistent_256x64_c2_s4" if cdiv(p.gemm.m, 256) >= waves else "persistent_128x64_c2_s8"]
-    tiles = cdiv(p.gemm.m, 256) * cdiv(p.K, 128)
-    return BY_NAME["persistent_256x128_c2_s4" if tiles >= waves else "persistent_128x128_c2_s6"]
+    sms = _sms()
+    narrow = p.K <= 64
+    if p.R * p.S * cdiv(p.C, BK) <= PINGPONG_STEPS:
+        return BY_NAME["pingpong_128x64_c2_s8" if narrow else "pingpong_128x128_c2_s6"]
+    bn = 64 if narrow else 128
+    big, small = BY_NAME[f"persistent_256x{bn}_c2_s4"], BY_NAME[f"persistent_128x{bn}_c2_s{8 if narrow else 6}"]
+    fill = {c: last_wave_fill(cdiv(p.gemm.m, c.bm) * cdiv(p.K, c.bn), sms) for c in (big, small)}
+    return big if fill[big] >= fill[small] else small
 
 
 def _sms() -> int:
@@ -168,14 +189,15 @@ def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
 
 
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
-    """One launch of ``cfg``'s entry on the maps of x and w, y, cin, bias, M, K, P, Q, the strides,
-    paddings and dilations, S, taps = R * S, cblocks = ceil(C / 64) (int32), alpha, beta (float32)
-    and relu (int32)."""
+    """One launch of ``cfg``'s entry on the maps of x, w and y (`UNUSED_MAP` for y when K % 8 != 0:
+    the threads store y then), y, cin, bias, M, K, P, Q, the strides, paddings and dilations, S,
+    taps = R * S, cblocks = ceil(C / 64) (int32), alpha, beta (float32) and relu (int32)."""
     ep = scalars(epilogue)
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     ints = (p.gemm.m, p.K, p.P, p.Q, sh, sw, ph, pw, dh, dw, p.S, p.R * p.S, cdiv(p.C, BK))
-    args = (TensorMap("x", x_map(p, cfg)), TensorMap("w", w_map(p, cfg)), Buffer("y"), Buffer("cin"), Buffer("bias"),
-            *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])  # fmt: skip
+    ymap = TensorMap("y", y_map(p)) if p.K % 8 == 0 else UNUSED_MAP
+    args = (TensorMap("x", x_map(p, cfg)), TensorMap("w", w_map(p, cfg)), ymap, Buffer("y"), Buffer("cin"),
+            Buffer("bias"), *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])  # fmt: skip
     config = LaunchConfig(grid=(grid_blocks(p, cfg), 1, 1), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes)
     return [KernelLaunch("main", cfg.entry(p.dtype), config, args)]
 
@@ -193,12 +215,13 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarr
 
 
 def tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
-    """x and w 16-byte aligned (the copy engine's global addresses); y, and cin when it is read,
-    4-byte aligned when K is even (the epilogue's stores of column pairs). None or the reason."""
-    reason = alignment_reason(tensors, {"x": VEC_BYTES, "w": VEC_BYTES}, "the copy engine's (TMA) global addresses")
-    if reason is None and p.K % 2 == 0:
-        cin = {"cin": 4} if epilogue.beta != 0 else {}
-        reason = alignment_reason(tensors, {"y": 4, **cin}, "the epilogue's 32-bit stores and Cin reads")
+    """x and w 16-byte aligned, and y when K % 8 == 0 (the copy engine's global addresses: its
+    loads, and the epilogue's stores); cin, when it is read, 4-byte aligned when K is even (the
+    epilogue's 32-bit reads of column pairs). None or the reason."""
+    tma = {"x": VEC_BYTES, "w": VEC_BYTES, **({"y": VEC_BYTES} if p.K % 8 == 0 else {})}
+    reason = alignment_reason(tensors, tma, "the copy engine's (TMA) global addresses")
+    if reason is None and p.K % 2 == 0 and epilogue.beta != 0:
+        reason = alignment_reason(tensors, {"cin": 4}, "the epilogue's 32-bit Cin reads")
     return reason
 
 

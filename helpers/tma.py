@@ -21,7 +21,8 @@ or ``cuTensorMapEncodeIm2col`` and passes it to the kernel by value, as a
   (`helpers.compile.param_offsets`); without them the kernel reads its map, and every later
   argument, from the wrong bytes.
 * `TensorMap` names a map argument of a `helpers.variants.KernelLaunch`: the tensor by name and
-  the map's description, encoded with the tensor's address when the launch is bound.
+  the map's description, encoded with the tensor's address when the launch is bound;
+  `UNUSED_MAP` fills a map parameter the kernel leaves unread.
 
 Sources: the CUDA driver API reference, "Tensor Map Object Management" (cuTensorMapEncodeTiled,
 cuTensorMapEncodeIm2col: every limit `reason` checks is from there) and the PTX ISA, "Tensors"
@@ -185,6 +186,12 @@ class MapBytes:
     def __post_init__(self):
         if len(self.data) != MAP_BYTES:
             raise ValueError(f"a tensor map is {MAP_BYTES} bytes; got {len(self.data)}")
+
+
+UNUSED_MAP = MapBytes(bytes(MAP_BYTES))
+"""128 zero bytes for a map parameter the kernel will not read on this problem (day 16's map of y
+when K % 8 != 0, where y's rows are no 16-byte stride and the threads store it themselves); a
+copy issued on it would fault."""
 
 
 @dataclass(frozen=True)

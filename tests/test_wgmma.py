@@ -25,12 +25,16 @@ from days.day16_igemm_wgmma import (
     ENTRIES,
     HOPPER_CC,
     choose,
+    last_wave_fill,
     make_wgmma,
+    tensor_check,
     w_map,
     x_map,
+    y_map,
 )
 from helpers import compile as hc
 from helpers import tma
+from helpers.epilogue import PLAIN, Epilogue
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
 from helpers.variants import KernelLaunch, LaunchConfig, bind, compile_launches, get
@@ -164,6 +168,9 @@ def test_maps_of_a_resnet_layer():
     assert xm.strides == (128, 56 * 128, 56 * 56 * 128) and xm.channels == BK and xm.pixels == cfg.bm
     assert xm.box_bytes == cfg.bm * 128 and xm.reason() is None
     assert wm.dims == (64, 3, 3, 64) and wm.box == (BK, 1, 1, cfg.bn) and wm.reason() is None
+    ym = y_map(p)
+    assert ym.dims == (64, 256 * 56 * 56) and ym.strides == (128,) and ym.box == (64, 64) and ym.swizzle == 128
+    assert ym.box_bytes == 8192 and ym.reason() is None
     s2 = nhwc(N=1, C=256, H=56, W=56, K=512, R=1, S=1, stride=2)
     assert x_map(s2, cfg).upper == (-1, -1) and x_map(s2, cfg).element_strides == (1, 2, 2, 1)
 
@@ -230,13 +237,40 @@ def test_kernel_args_refuse_a_mismatch():
         tma.MapBytes(bytes(64))
 
 
-def test_launches_pass_both_maps_first():
-    p = PROBLEMS[5]
-    (k,) = V.launches(p)
-    assert isinstance(k.args[0], tma.TensorMap) and k.args[0].name == "x" and isinstance(k.args[0].desc, tma.Im2colMap)
-    assert isinstance(k.args[1], tma.TensorMap) and k.args[1].name == "w" and isinstance(k.args[1].desc, tma.TiledMap)
-    assert len(k.args) == 21
-    assert k.entry == choose(p).entry("fp16")
+def test_launches_pass_the_three_maps_first():
+    """x, w and, when K % 8 == 0, y (whose stores the copy engine makes); else a map-sized
+    placeholder the kernel does not read (the threads store y)."""
+    for p in PROBLEMS:
+        (k,) = V.launches(p)
+        x, w = k.args[:2]
+        assert isinstance(x, tma.TensorMap) and x.name == "x" and isinstance(x.desc, tma.Im2colMap)
+        assert isinstance(w, tma.TensorMap) and w.name == "w" and isinstance(w.desc, tma.TiledMap)
+        if p.K % 8 == 0:
+            assert k.args[2] == tma.TensorMap("y", y_map(p)), p
+        else:
+            assert k.args[2] is tma.UNUSED_MAP, p
+        assert len(k.args) == 22
+        assert k.entry == choose(p).entry("fp16")
+    assert {p.K % 8 == 0 for p in PROBLEMS} == {True, False}
+
+
+def test_y_must_be_16_byte_aligned_when_the_copy_engine_stores_it():
+    import torch
+
+    def at(offset: int, shape) -> torch.Tensor:  # a tensor whose storage starts `offset` bytes in
+        return torch.zeros(int(np.prod(shape)) + offset // 2, dtype=torch.float16)[offset // 2:].view(shape)
+
+    for p in (nhwc(N=1, C=64, H=8, W=8, K=128, R=1, S=1), nhwc(N=1, C=64, H=8, W=8, K=36, R=1, S=1)):
+        x, w = (at(0, shape) for shape in p.input_shapes)
+        for off in (0, 4, 8):
+            reason = tensor_check(p, {"x": x, "w": w, "y": at(off, p.output_shape)}, PLAIN)
+            refused = p.K % 8 == 0 and off % 16 != 0
+            assert (reason is not None) == refused, (p.K, off, reason)
+            if refused:
+                assert "y.data_ptr() is not 16-byte aligned" in reason
+        cin = at(2, p.output_shape)
+        reason = tensor_check(p, {"x": x, "w": w, "y": at(0, p.output_shape), "cin": cin}, Epilogue(beta=1.0))
+        assert reason is not None and "cin" in reason
 
 
 def test_bind_refuses_a_map_of_a_missing_tensor():
@@ -272,14 +306,19 @@ def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
     assert [a.itemsize for a in calls[0]] == [112, 128, 128, 8]
 
 
-def test_choose_takes_narrower_tiles_for_few_filters_or_few_tiles():
-    big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 196 x 2 tiles of 256 x 128: > 2 waves
-    assert choose(big).name == "persistent_256x128_c2_s4"
-    assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64, 196 row tiles: < 2 waves
+def test_choose_hides_short_main_loops_and_fills_the_last_wave():
+    big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 36 steps; 392 tiles of 256 x 128: 0.99 full
+    assert choose(big).name == "persistent_256x128_c2_s4"  # 784 of 128 x 128 fill as well: the larger tile
+    assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # 196 of 256 x 64: 0.74; 392: 0.99
     assert choose(replace(big, K=64, H=28, W=28, name="")).name == "persistent_256x64_c2_s4"  # 784 row tiles
-    assert choose(replace(big, N=32, name="")).name == "persistent_128x128_c2_s6"  # 25 x 2 tiles: < 2 waves
+    assert choose(replace(big, N=32, name="")).name == "persistent_128x128_c2_s6"  # 50 tiles: 0.38 against 0.74
     assert choose(replace(big, N=32, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64 first
-    assert all(choose(p).mode == "persistent" for p in PROBLEMS)
+    one_by_one = replace(big, C=512, R=1, S=1, padding=0, name="")  # 8 GEMM-K steps: ping-pong
+    assert choose(one_by_one).name == "pingpong_128x128_c2_s6"
+    assert choose(replace(one_by_one, K=64, name="")).name == "pingpong_128x64_c2_s8"
+    assert choose(replace(one_by_one, C=576, name="")).name == "persistent_256x128_c2_s4"  # 9 steps
+    assert last_wave_fill(264, 132) == 1.0 and last_wave_fill(133, 132) == 133 / 264
+    assert last_wave_fill(1, 132) == 1 / 132
 
 
 def test_parameter_offsets_are_asked_of_the_driver_once(monkeypatch):
@@ -325,10 +364,10 @@ def test_every_load_and_store_of_the_kernel_names_its_memory(tmp_path):
 @needs_nvcc
 def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path):
     """The planted fault: the ring aligned by rounding a uintptr_t, as before day 16's epilogue fix;
-    the staging tile's stores and loads become generic."""
+    pass 1's stores into the staging buffers and the element path's loads from them become generic."""
     src = hc.kernel_path("16_igemm_wgmma.cu").read_text()
     line = re.search(r"unsigned char\* ring = (.*);", src)
     assert line, "the ring's declaration moved"
     planted = src.replace(line.group(0), f"unsigned char* ring = {OLD_RING};")
     found = set(generic_accesses(ptx_of(planted, tmp_path)))
-    assert {"st.u32", "ld.v4.u32"} <= found, found
+    assert {"st.u32", "ld.u16"} <= found, found

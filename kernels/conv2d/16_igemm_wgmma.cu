@@ -43,19 +43,21 @@
 //                fills it waits for are always the next ones of their slots.
 //    Tile (tm, tn) = (tile / tiles_n, tile % tiles_n): consecutive blocks share A's pixels.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
-//    once, staged through a swizzled 64 x 128 tile per consumer so that y is stored in 16-byte runs
-//    (element stores when K % 8 != 0); the ring stays the producer's, which is already filling it
-//    for the next tile.
+//    once, staged 64 x 64 at a time through two swizzled buffers per consumer, each stored to y by
+//    the copy engine (a TMA store of a tiled map of y, dims K x M) while the warpgroup goes on
+//    (element stores by the threads when K % 8 != 0); the ring stays the producer's, which is
+//    already filling it for the next tile.
 //
 // Accumulator layout (hopper.cuh, wgmma): register i of thread t of consumer warpgroup g, m-tile j:
 //   row  m0 + 64 (MT g + j) + 16 (t / 32 % 4) + (t % 32) / 4 + 8 ((i / 2) % 2)
 //   col  k0 + 8 (i / 4) + 2 (t % 4) + i % 2
-// Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), then one 64 x 128-half
-// staging tile per consumer warpgroup (16 KB each); the barriers static.
+// Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), then two 64 x 64-half
+// staging buffers per consumer warpgroup (16 KB each); the barriers static.
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16;
 // C % 8 == 0 and x, w 16-byte aligned (the copy engine's strides and addresses), the im2col limits
 // of a 4-d map (corners within -128 .. 127, (R - 1) dil_h and (S - 1) dil_w below 256, strides
-// at most 8), y and Cin 4-byte aligned when K is even; M = N P Q < 2^31 (Python checks).
+// at most 8), y 16-byte aligned when K % 8 == 0 (its map), Cin 4-byte aligned when K is even;
+// M = N P Q < 2^31 (Python checks).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -129,29 +131,34 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigne
     wgmma_commit();
 }
 
-// ---- the epilogue: the accumulators to y through a staging tile, in 16-byte runs
-// Each consumer warpgroup has its own staging tile of 64 rows x STAGE_COLS = min(BN, 128) columns
-// (halves), and passes over its MT x BN / STAGE_COLS sub-tiles of that size. Pass 1: every thread
-// finishes its own values, act(alpha * acc + beta * Cin + bias) in fp32 (Cin read where the value
-// sits, 32-bit loads when K is even; the bias of its 2 STAGE_COLS / 8 columns read once per pass),
-// rounds them once and writes the pairs into the tile; pass 2: thread t copies 16-byte runs of 8
-// channels, run t % (STAGE_COLS / 8) of rows t / (STAGE_COLS / 8) + 128 / (STAGE_COLS / 8) i, so 16
-// (or 8) threads store 256 (128) contiguous bytes of one output row. The tile's 16-byte chunk c of
-// row r sits at chunk c ^ (r % 8): pass 1's 4-byte writes (8 rows x 4 lanes per instruction) and
-// pass 2's 16-byte reads are both conflict-free without padding.
-// Every branch here is uniform over the warpgroup but the bounds tests of a partial tile: the per-
-// value code is a few instructions, and the passes run on the critical path of one-step layers
-// (a 1x1 conv with C <= 64 is all epilogue), where a branchy version cost 3x the loads.
-constexpr int STAGE_ROWS = 64, STAGE_MAX_COLS = 128;
-constexpr int STAGE_BYTES = STAGE_ROWS * STAGE_MAX_COLS * 2;
+// ---- the epilogue: the accumulators to y through staging buffers, stored by the copy engine
+// Each consumer warpgroup has two staging buffers of 64 rows x 64 columns (halves): one box of the
+// tiled map of y (dims K, M; box 64 x 64, the 128-byte swizzle), and walks its MT x BN / 64
+// sub-tiles of that size, sub-tile i into buffer i % 2. Every thread finishes its own values,
+// act(alpha * acc + beta * Cin + bias) in fp32 (Cin read where the value sits, 32-bit loads when K
+// is even; the bias of its 16 columns read once per column block), rounds them once and writes the
+// pairs into the buffer, where the 16-byte chunk c of row r sits at chunk c ^ (r % 8): the layout a
+// TMA load of the same box would write, and 8 rows x 4 lanes of 4-byte writes per instruction hit
+// 32 different banks. Then one barrier and one thread: when K % 8 == 0 it hands the buffer to the
+// copy engine (tma_store_2d, which clips the box to M x K) and goes on, so the warpgroup returns to
+// its main loop while the bytes still travel; before the barrier of sub-tile i that thread waits
+// until the store of sub-tile i - 1 has read its buffer, the one sub-tile i + 1 writes next. When K %
+// 8 != 0 (y's rows are not 16-byte strides, which a map needs) the threads store the buffer
+// themselves, element by element.
+// The staging tile rounds and swizzles; the copy engine makes the 16-byte runs, the bounds and the
+// addresses. Before, the threads stored the tile themselves (a 16-byte load and store per run and
+// per row, with the bounds tests): the passes ran on the critical path of one-step layers (a 1x1
+// conv with C <= 64 is all epilogue).
+constexpr int STAGE_ROWS = 64, STAGE_COLS = 64;  // a sub-tile: 64 rows of 128 bytes, one box of y's map
+constexpr int STAGE_BUF = STAGE_ROWS * STAGE_COLS;  // halves per staging buffer (8 KB); two per consumer
 
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Pass 1 of one 64 x STAGE_COLS sub-tile (m-tile j's rows from m_row, columns from k_col): the
-// values of this thread into the staging tile. CIN: add beta * Cin (read only inside the problem).
-template <int BN, bool BF16, int STAGE_COLS, bool CIN>
+// The values of this thread in one 64 x 64 sub-tile (m-tile j's rows from m_row, columns from
+// k_col) into the staging buffer. CIN: add beta * Cin (read only inside the problem).
+template <int BN, bool BF16, bool CIN>
 __device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int ibase, const float (&bias)[STAGE_COLS / 4],
                                              const Geometry& g, const Epilogue& ep, int m_row, int k_col,
                                              u16* stage_row, int swz) {
@@ -185,65 +192,72 @@ __device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int iba
     }
 }
 
-template <int BN, int MT, bool BF16, int STAGE_COLS = (BN < STAGE_MAX_COLS ? BN : STAGE_MAX_COLS)>
+// The block tile's rows row0 .. row0 + 64 MT - 1, columns k0 .. k0 + BN - 1 of this consumer to y.
+// `sub` counts the sub-tiles this consumer has staged so far (over all its tiles: the buffers
+// alternate across tiles too); thread 0 of the warpgroup issues and waits for the stores.
+template <int BN, int MT, bool BF16>
 __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
-                                           int row0, int k0, int lane_t, u16* stage, int bar_id) {
-    constexpr int CH = STAGE_COLS / 8, RSTEP = 128 / CH;  // pass 2: chunks per row, rows per step
+                                           const CUtensorMap* ymap, int row0, int k0, int lane_t, u16* stage,
+                                           int bar_id, unsigned& sub) {
     const unsigned warp = lane_t / 32, lane = lane_t % 32;
-    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, vec = g.K % 8 == 0;
-    // pass 1: rows 16 warp + lane / 4 (+ 8), columns 8 c8 + 2 (lane % 4) (+ 1); pass 2: chunk ch of
-    // rows r2 + RSTEP it, whose swizzle r % 8 = r2 % 8 is the same for every it (RSTEP % 8 == 0)
+    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f, tma = g.K % 8 == 0;
+    // rows 16 warp + lane / 4 (+ 8), columns 8 c8 + 2 (lane % 4) (+ 1) of the sub-tile
     const int r1 = 16 * warp + lane / 4, c1 = 2 * (lane % 4);
-    const int ch = lane_t % CH, r2 = lane_t / CH;
-    u16* const stage1 = stage + r1 * STAGE_COLS + c1;
-    const u16* const stage2 = stage + r2 * STAGE_COLS + 8 * (ch ^ (r2 % 8));
 #pragma unroll
     for (int cb = 0; cb < BN / STAGE_COLS; ++cb) {
         const int k_col = k0 + STAGE_COLS * cb + c1;
-        float bias[STAGE_COLS / 4];  // this thread's columns of the pass; -0 (adds nothing) without bias or past K
+        float bias[STAGE_COLS / 4];  // this thread's columns of the block; -0 (adds nothing) without bias or past K
 #pragma unroll
         for (int c = 0; c < STAGE_COLS / 4; ++c) {
             const int k = k_col + 8 * (c / 2) + c % 2;
             bias[c] = ep.bias != nullptr && k < g.K ? to_f32<BF16>(ep.bias[k]) : -0.0f;
         }
 #pragma unroll
-        for (int j = 0; j < MT; ++j) {
-            named_barrier(bar_id, 128);  // the last pass's reads of the tile are done
-            const int m_row = row0 + 64 * j + r1, ibase = 4 * CH * cb;
+        for (int j = 0; j < MT; ++j, ++sub) {
+            u16* const buf = stage + (sub % 2) * STAGE_BUF;
+            const int m_row = row0 + 64 * j + r1, ibase = 4 * (STAGE_COLS / 8) * cb;
             if (with_c)
-                stage_values<BN, BF16, STAGE_COLS, true>(acc[j], ibase, bias, g, ep, m_row, k_col, stage1, lane / 4);
+                stage_values<BN, BF16, true>(acc[j], ibase, bias, g, ep, m_row, k_col, buf + r1 * STAGE_COLS + c1, lane / 4);
             else
-                stage_values<BN, BF16, STAGE_COLS, false>(acc[j], ibase, bias, g, ep, m_row, k_col, stage1, lane / 4);
-            named_barrier(bar_id, 128);
-            // pass 2: staging tile -> y (not unrolled: unrolled, its loads and addresses are
-            // hoisted beside the accumulators of the passes still to come, and spill)
-            const int m2 = row0 + 64 * j + r2, k = k0 + STAGE_COLS * cb + 8 * ch;
-            if (k >= g.K) continue;
+                stage_values<BN, BF16, false>(acc[j], ibase, bias, g, ep, m_row, k_col, buf + r1 * STAGE_COLS + c1, lane / 4);
+            if (tma) {
+                fence_async_shared();                   // this thread's writes -> the copy engine
+                if (lane_t == 0) bulk_wait_read<0>();  // the other buffer's store has read it
+            }
+            named_barrier(bar_id, 128);  // the buffer is written (and the other one free again)
+            if (tma) {
+                if (lane_t == 0) {
+                    tma_store_2d(ymap, buf, k0 + STAGE_COLS * cb, row0 + 64 * j);
+                    bulk_commit();
+                }
+                continue;
+            }
+            // K % 8 != 0: thread t stores chunk t % 8 (8 channels) of rows t / 8 + 16 it, element by element
+            const int ch = lane_t % 8, r2 = lane_t / 8, m2 = row0 + 64 * j + r2, k = k0 + STAGE_COLS * cb + 8 * ch;
+            const u16* src = buf + r2 * STAGE_COLS + 8 * (ch ^ (r2 % 8));  // r2 + 16 it: the same swizzle
             u16* dst = ep.y + (idx_t)m2 * g.K + k;
 #pragma unroll 1
-            for (int it = 0; it < STAGE_ROWS / RSTEP && m2 + RSTEP * it < g.M; ++it, dst += (idx_t)RSTEP * g.K) {
-                const uint4 v = *reinterpret_cast<const uint4*>(stage2 + RSTEP * STAGE_COLS * it);
-                if (vec) {
-                    *reinterpret_cast<uint4*>(dst) = v;
-                } else {
-                    const u16* e = reinterpret_cast<const u16*>(&v);
+            for (int it = 0; it < STAGE_ROWS / 16 && m2 + 16 * it < g.M; ++it, dst += (idx_t)16 * g.K)
 #pragma unroll
-                    for (int q = 0; q < 8; ++q)
-                        if (k + q < g.K) dst[q] = e[q];
-                }
-            }
+                for (int q = 0; q < 8; ++q)
+                    if (k + q < g.K) dst[q] = src[16 * STAGE_COLS * it + q];
         }
     }
 }
 
+// Before the block exits: its stores are complete (thread 0 of each consumer warpgroup).
+__device__ __forceinline__ void store_drain(int lane_t) {
+    if (lane_t == 0) bulk_wait<0>();
+}
+
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
-__device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const Geometry& g,
-                                            const Epilogue& ep) {
+__device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const CUtensorMap* ymap,
+                                            const Geometry& g, const Epilogue& ep) {
     constexpr bool PING = MODE == PINGPONG;
     constexpr int BM = 64 * MT * (PING ? 1 : CONSUMERS);  // ping-pong: every consumer owns a whole tile
     constexpr int READERS = PING ? 1 : CONSUMERS;         // consumer warpgroups reading one slot
     constexpr int SLOT = (BM + BN) * ROW_BYTES;
-    static_assert(BN % 64 == 0 && (BN <= STAGE_MAX_COLS || BN % STAGE_MAX_COLS == 0), "BN: whole staging tiles");
+    static_assert(BN % STAGE_COLS == 0, "BN: whole staging sub-tiles");
     static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
     static_assert(!PING || CONSUMERS == 2, "ping-pong: two consumers");
     extern __shared__ unsigned char smem_raw[];
@@ -296,7 +310,9 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-        store_tile<BN, MT, BF16>(acc, g, ep, m0, k0, tid, reinterpret_cast<u16*>(ring + STAGES * SLOT), 1);
+        unsigned sub = 0;
+        store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0, k0, tid, reinterpret_cast<u16*>(ring + STAGES * SLOT), 1, sub);
+        store_drain(tid);
     } else {
         // ---- warp-specialised: warpgroup 0 produces, warpgroups 1 .. CONSUMERS consume
         const int wg = tid / 128;
@@ -321,6 +337,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             // ping-pong: this consumer's tiles are every second one of the block's, from the group-th
             const int own_first = first_tile + (PING ? group * tile_step : 0), own_step = PING ? 2 * tile_step : tile_step;
             int u = PING ? group * steps : 0;  // the ring's slot uses so far (both consumers' when ping-pong)
+            unsigned sub = 0;                  // sub-tiles staged so far (store_tile)
             for (int tile = own_first, n = 0; tile < tiles; tile += own_step, ++n) {
                 const int m0 = (tile / tiles_n) * BM, k0 = (tile % tiles_n) * BN;
                 // ping-pong: the other consumer has issued its last wgmma of the tile before this one
@@ -339,28 +356,32 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
                 if (PING) u += steps;  // the slot uses of the other consumer's tile
 #pragma unroll
                 for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-                store_tile<BN, MT, BF16>(acc, g, ep, m0 + (PING ? 0 : group * MT * 64), k0, lane_t,
-                                         reinterpret_cast<u16*>(ring + STAGES * SLOT + group * STAGE_BYTES), 1 + group);
+                store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0 + (PING ? 0 : group * MT * 64), k0, lane_t,
+                                         reinterpret_cast<u16*>(ring + STAGES * SLOT) + group * 2 * STAGE_BUF, 1 + group,
+                                         sub);
             }
+            store_drain(lane_t);
         }
     }
 }
 
 // One entry point per (schedule, tile, dtype):
 //   igemm_wgmma_<mode>_<BM>x<BN>_c<CONSUMERS>_s<STAGES>_<fp16|bf16>
-// Arguments: the im2col map of x, the tiled map of w (both __grid_constant__: they stay in the
-// kernel's parameter memory, where the copy engine reads them), y, cin, bias, M, K, P, Q, sh, sw,
-// ph, pw, dh, dw, S, taps = R * S, cblocks = ceil(C / 64), alpha, beta, relu.
+// Arguments: the im2col map of x, the tiled map of w, the tiled map of y (all __grid_constant__:
+// they stay in the kernel's parameter memory, where the copy engine reads them; y's is read only
+// when K % 8 == 0), y, cin, bias, M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps = R * S, cblocks =
+// ceil(C / 64), alpha, beta, relu.
 // Threads: 128 (one_wg) or 128 (1 + CONSUMERS) (specialised, persistent). BN is 64, 128 or 256
 // (the wgmma wrappers of hopper.cuh).
 #define WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, BF16, DT)                                           \
     extern "C" __global__ void __launch_bounds__(128 * (MODE == ONE_WG ? 1 : 1 + CONS), 1)                     \
         igemm_wgmma_##MNAME##_##BM##x##BN##_c##CONS##_s##ST##_##DT(                                            \
-            const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, u16* y,        \
-            const u16* cin, const u16* __restrict__ bias, int M, int K, int P, int Q, int sh, int sw, int ph,  \
-            int pw, int dh, int dw, int S, int taps, int cblocks, float alpha, float beta, int relu) {        \
+            const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,                \
+            const __grid_constant__ CUtensorMap ymap, u16* y, const u16* cin, const u16* __restrict__ bias,   \
+            int M, int K, int P, int Q, int sh, int sw, int ph, int pw, int dh, int dw, int S, int taps,       \
+            int cblocks, float alpha, float beta, int relu) {                                                  \
         static_assert(BM == 64 * MT * (MODE == PINGPONG ? 1 : CONS), "BM = 64 MT (x CONSUMERS but ping-pong)");  \
-        igemm_wgmma<BN, MT, CONS, ST, MODE, BF16>(&xmap, &wmap,                                                \
+        igemm_wgmma<BN, MT, CONS, ST, MODE, BF16>(&xmap, &wmap, &ymap,                                         \
                                                   Geometry{M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps, cblocks}, \
                                                   Epilogue{y, cin, bias, alpha, beta, relu});                  \
     }

@@ -14,6 +14,11 @@
 //   tma_load_4d(dst, map, bar, c..)  cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 //   tma_im2col_4d(dst, map, bar, c.., off_w, off_h)
 //                                    cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes
+//   fence_async_shared()             fence.proxy.async.shared::cta (this thread's shared writes -> the copy engine)
+//   tma_store_2d(map, src, c0, c1)   cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
+//   bulk_commit()                    cp.async.bulk.commit_group (the stores issued so far: one group)
+//   bulk_wait_read<N>()              cp.async.bulk.wait_group.read N (all but N groups have read their source)
+//   bulk_wait<N>()                   cp.async.bulk.wait_group N (all but N groups are complete)
 //   wgmma_fence()                    wgmma.fence.sync.aligned (registers -> the next wgmma)
 //   wgmma_commit()                   wgmma.commit_group.sync.aligned
 //   wgmma_wait<N>()                  wgmma.wait_group.sync.aligned N
@@ -27,7 +32,10 @@
 //   Parallel Synchronization and Communication Instructions: mbarrier (#parallel-synchronization-
 //     and-communication-instructions-mbarrier), its expect-tx operation and phase parity
 //   Data Movement and Conversion Instructions: cp.async.bulk.tensor (#data-movement-and-conversion-
-//     instructions-cp-async-bulk-tensor); Tensors: Tensor Access Modes, im2col mode (#tensor-im2col-mode)
+//     instructions-cp-async-bulk-tensor), cp.async.bulk.commit_group / wait_group; Tensors: Tensor
+//     Access Modes, im2col mode (#tensor-im2col-mode)
+//   Parallel Synchronization and Communication Instructions: membar / fence (fence.proxy.async, the
+//     async proxy: #parallel-synchronization-and-communication-instructions-membar)
 //   Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions (#asynchronous-warpgroup-
 //     level-matrix-instructions): wgmma.mma_async, the matrix descriptor (#asynchronous-warpgroup-
 //     level-matrix-shared-memory-layout-matrix-descriptor), wgmma.fence / commit_group / wait_group,
@@ -99,6 +107,31 @@ __device__ __forceinline__ void tma_im2col_4d(void* dst, const void* map, uint64
         " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};\n" ::"r"(smem_addr(dst)),
         "l"(map), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w), "h"(off_h)
         : "memory");
+}
+
+// ---- the bulk tensor store: the copy engine writes a box of shared memory to global memory ----
+// The source is laid out as a load of the same map would write it (swizzle included); elements
+// of the box outside the tensor are not written. Stores are asynchronous: the issuing thread
+// groups them (bulk_commit) and waits for a group to have read its shared memory (bulk_wait_read)
+// before that memory is written again, and for the whole group (bulk_wait) before the block exits.
+// Shared memory written by threads reaches the copy engine (the async proxy) only through a
+// fence_async_shared by each writing thread, then a barrier, then the issue.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void tma_store_2d(const void* map, const void* src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+                 "r"(smem_addr(src)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- wgmma -------------------------------------------------------------------------------------

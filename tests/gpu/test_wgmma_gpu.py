@@ -5,8 +5,9 @@
   with a partial last channel block, K odd; fp16 and bf16, normal and integer (bit-exact) inputs;
 * the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
 * the fused epilogue through `helpers.epilogue.check_epilogue` (bias, alpha, beta, in-place Cin, ReLU);
-* problems beyond the im2col mode's limits, refused before any launch, and the driver's
-  parameter layout that `helpers.tma.kernel_args` pads to.
+* problems beyond the im2col mode's limits, refused before any launch, a misaligned y (refused when
+  the copy engine stores it, exact when the threads do), and the driver's parameter layout that
+  `helpers.tma.kernel_args` pads to.
 
 Every `check` poisons the output with NaN, compares with the float64 reference within the
 fp32-accumulation bound and repeats the launch to compare bitwise. Skipped (tests/conftest.py)
@@ -18,11 +19,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from days.day16_igemm_wgmma import BEYOND_LIMITS, CHECK_PROBLEMS, ENTRIES, HOPPER_CC, make_wgmma
 from helpers import compile as hc
 from helpers import gpu
-from helpers.check import check
+from helpers.check import check, compare
 from helpers.epilogue import Epilogue, check_epilogue
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
@@ -114,15 +116,32 @@ def test_beyond_the_limits_is_refused_before_a_launch(p, why):
         run(V, p, x, w)
 
 
+@pytest.mark.parametrize("K", [72, 70])
+def test_y_two_bytes_off(K, misaligned):
+    """K % 8 == 0: the copy engine stores y, whose map needs a 16-byte aligned address, so a
+    misaligned y is refused before the launch; K % 8 != 0: the threads store it element by element
+    and the result is exact."""
+    p = replace(P_EVEN, K=K, name="")
+    x, w = p.make_inputs(device="cuda", kind="int", seed=3)
+    y = misaligned(torch.full(p.output_shape, float("nan"), dtype=p.torch_dtype, device="cuda"))
+    if K % 8 == 0:
+        with pytest.raises(ValueError, match="y.data_ptr.. is not 16-byte aligned"):
+            run(V, p, x, w, out=y)
+        assert bool(y.isnan().all())
+    else:
+        r = compare(p, x, w, run(V, p, x, w, out=y), exact=True)
+        assert r["exact_equal"] and r["nonfinite"] == 0
+
+
 def test_the_driver_places_maps_where_kernel_args_pads():
-    """The layout `kernel_args` fills is the driver's: two 128-byte maps, then y at their end."""
-    p = CHECK_PROBLEMS[1]
+    """The layout `kernel_args` fills is the driver's: three 128-byte maps, then y at their end."""
+    p = CHECK_PROBLEMS[3]
     (k,) = V.launches(p)
     info = gpu.device_info()
     kern = hc.load_kernel(
         V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc), params=len(k.args)
     )
     offs = kern.param_offsets
-    assert len(offs) == len(k.args) == 21
-    assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128
+    assert len(offs) == len(k.args) == 22
+    assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128 and offs[3] == offs[2] + 128
     assert all(b > a for a, b in zip(offs, offs[1:]))
