@@ -52,7 +52,7 @@
 //   row  m0 + 64 (MT g + j) + 16 (t / 32 % 4) + (t % 32) / 4 + 8 ((i / 2) % 2)
 //   col  k0 + 8 (i / 4) + 2 (t % 4) + i % 2
 // Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), then two 64 x 64-half
-// staging buffers per consumer warpgroup (16 KB each); the barriers static.
+// staging buffers per consumer warpgroup (8 KB each); the barriers static.
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16;
 // C % 8 == 0 and x, w 16-byte aligned (the copy engine's strides and addresses), the im2col limits
 // of a 4-d map (corners within -128 .. 127, (R - 1) dil_h and (S - 1) dil_w below 256, strides
