@@ -7,6 +7,8 @@ coverage model and its launch arguments (tests/gpu/test_wgmma_gpu.py runs the ke
 * every configuration writes each output element once (the persistent loop included);
 * the copy engine's limits and the kernel's own are refused with a reason, before any launch;
 * `helpers.tma.kernel_args` pads to the driver's parameter offsets, and `bind` encodes maps.
+* the compiled kernel: no generic loads or stores in its PTX, and setmaxnreg's moves within the
+  registers each block is launched with (both with a planted fault).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from days.day16_igemm_wgmma import (
     BEYOND_LIMITS,
     BK,
     CHECK_PROBLEMS,
+    CU_FILE,
     ENTRIES,
     HOPPER_CC,
     choose,
@@ -371,3 +374,32 @@ def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path
     planted = src.replace(line.group(0), f"unsigned char* ring = {OLD_RING};")
     found = set(generic_accesses(ptx_of(planted, tmp_path)))
     assert {"st.u32", "ld.u16"} <= found, found
+
+
+# ---- setmaxnreg moves registers inside the block's launch allocation ----
+
+REG_MOVE = re.compile(r"constexpr int PRODUCER_REGS = (\d+), CONSUMER_REGS = (\d+);")
+
+
+def moved_registers(cfg, producer: int, consumer: int) -> int:
+    """Registers the block holds after the producer warpgroup's setmaxnreg.dec and the consumers' .inc."""
+    return 128 * producer + 128 * cfg.consumers * consumer
+
+
+@needs_nvcc
+def test_setmaxnreg_stays_within_the_launch_allocation():
+    """setmaxnreg.inc waits until the block has the registers, and the block only has what it was
+    launched with (ptxas's count x threads) plus what .dec gave back: an entry whose moves need
+    more never gets past the .inc (the hang of day 16's first cluster try, producer 48 / consumers
+    232 on 168 x 384 = 64,512). The planted fault: that producer count, which the check must refuse."""
+    m = REG_MOVE.search(hc.kernel_path(CU_FILE).read_text())
+    assert m, "the register constants moved"
+    producer, consumer = int(m[1]), int(m[2])
+    regs = {r.entry: r.registers for r in hc.nvcc_compile(CU_FILE, arch="sm_90a")[0]}
+    specialised = [c for c in ENTRIES if c.mode != "one_wg"]
+    for cfg in specialised:
+        for dt in ("fp16", "bf16"):
+            launched = regs[cfg.entry(dt)] * cfg.threads
+            assert moved_registers(cfg, producer, consumer) <= launched, (cfg.name, dt, launched)
+    two = [c for c in specialised if c.consumers == 2]
+    assert two and all(moved_registers(c, 48, consumer) > regs[c.entry("fp16")] * c.threads for c in two)
