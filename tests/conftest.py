@@ -1,9 +1,10 @@
-"""Shared pytest setup: the repository root on ``sys.path`` and the ``gpu`` / ``big`` skips.
+"""Shared pytest setup: the repository root on ``sys.path`` and the ``gpu`` / ``big`` / ``nvcc`` skips.
 
 * ``@pytest.mark.gpu`` tests (and everything under ``tests/gpu``) are skipped unless torch sees a
   CUDA device **and** ``pycuda.driver`` imports (it needs the NVIDIA driver's ``libcuda.so.1``).
 * ``@pytest.mark.big`` tests (tensors of 2^31 elements) are skipped unless the GPU has at least
   `BIG_MEMORY_BYTES` of memory.
+* ``@pytest.mark.nvcc`` tests (they compile kernels, no GPU needed) are skipped unless ``nvcc`` is on PATH.
 """
 
 from __future__ import annotations
@@ -49,12 +50,22 @@ def big_skip_reason() -> str | None:
     return None
 
 
+@functools.cache
+def nvcc_skip_reason() -> str | None:
+    """``None`` when ``nvcc`` is on PATH, else why the compile tests skip."""
+    from helpers import compile as hc
+
+    return None if hc.nvcc_available() else "nvcc is not on PATH (install the CUDA 13 toolkit)"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark everything under tests/gpu as ``gpu``; skip ``gpu``/``big`` tests this machine cannot run."""
+    """Mark everything under tests/gpu as ``gpu``; skip ``gpu``/``big``/``nvcc`` tests this machine cannot run."""
     gpu_dir = ROOT / "tests" / "gpu"
     for item in items:
         if gpu_dir in Path(item.path).parents:
             item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("nvcc") is not None and nvcc_skip_reason():
+            item.add_marker(pytest.mark.skip(reason=nvcc_skip_reason()))
         if item.get_closest_marker("gpu") is None and item.get_closest_marker("big") is None:
             continue
         reason = gpu_skip_reason()

@@ -23,7 +23,6 @@ from helpers.variants import all_variants
 KERNEL_FILES = sorted(p.name for p in hc.KERNEL_DIR.glob("*.cu"))
 SPILL_CHECK_CC = (9, 0)
 
-needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
 def _cc(arch: str) -> tuple[int, int]:
@@ -90,7 +89,7 @@ def prewarmed():
                 pass
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", hc.ARCHS)
 @pytest.mark.parametrize("cu_file", KERNEL_FILES)
 def test_compiles(cu_file: str, arch: str, prewarmed):
@@ -127,7 +126,7 @@ def test_variant_entries_see_every_load_path():
     assert len(names["igemm_simt"]) >= 4 and len(names["igemm_wmma"]) == len(names["igemm_mma"]) == 4
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)
 def test_variant_entries_have_no_spills(variant):
     """The entries a variant launches exist; no entry of its build spills or uses a stack."""

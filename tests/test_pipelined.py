@@ -55,7 +55,6 @@ V = get("igemm_pipelined")
 DTYPES = ("fp16", "bf16")
 H200_SMEM = 227 * 1024
 TARGETS = [a for a in hc.ARCHS if int(a.removeprefix("sm_").rstrip("a")) >= 80]
-needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
 def nhwc(dtype: str = "fp16", **kw) -> Conv2dProblem:
@@ -291,7 +290,7 @@ def test_targets_are_the_variants():
     assert TARGETS == ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", TARGETS)
 def test_builds_without_spills_in_fewer_registers_than_day_11(arch):
     reports, log = hc.nvcc_compile(CU_FILE, arch=arch, defines=V.defines)
@@ -317,7 +316,7 @@ def ptx(defines: dict) -> str:
         return out.read_text()
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_ptx_waits_for_all_but_stages_minus_2_groups(stages):
     text = ptx({"STAGES": stages})
@@ -327,7 +326,7 @@ def test_ptx_waits_for_all_but_stages_minus_2_groups(stages):
     assert "ld.global" not in text, "every global read of the main loop is a cp.async"
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("plant, dropped", [(1, "cp.async.wait_group 1;"), (2, "bar.sync")])
 def test_planted_fault_drops_exactly_one_instruction(plant, dropped):
     good, bad = ptx({"STAGES": 3}), ptx({"STAGES": 3, "PLANT_FAULT": plant})
@@ -389,7 +388,7 @@ def test_replay_catches_a_fragment_buffer_overwritten_before_its_mma():
         replay(ev[:i] + [ev[i + 1]] + ev[i:], 3)  # slice 1's ldmatrix moved before slice 0's mma
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize(
     "defines, words", [({}, "define STAGES"), ({"STAGES": 1}, "a ring needs one stage loading and one computing")]
 )

@@ -229,7 +229,7 @@ def sm90_build():
     return hc.nvcc_compile(CU_FILE, arch="sm_90")
 
 
-@pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH")
+@pytest.mark.nvcc
 def test_sm90_build_has_exactly_the_instantiated_entries(sm90_build):
     reports, log = sm90_build
     by_entry = {r.entry: r for r in reports}

@@ -28,7 +28,6 @@ ENV = {"gpu": "NVIDIA H200", "driver": "580.00", "cuda": "13.0", "nvcc": "releas
 NHWC16 = {"dtype": "fp16", "layout": "NHWC"}
 P1 = Conv2dProblem(N=8, C=64, H=28, W=28, K=128, R=3, S=3, padding=1, **NHWC16)
 P2 = replace(P1, K=256, name="")
-needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH")
 
 
 # ---- the cache ------------------------------------------------------------------------------------------------
@@ -165,7 +164,7 @@ def test_a_tile_built_alone_launches_its_entry_with_its_defines():
     assert get("igemm_production").launches(P1)[0].defines == ()  # the registered variant builds the file's entries
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_a_tile_built_alone_compiles_to_its_one_entry_without_spills():
     t = TileDescription.parse("128x256x32_w2x4_s3_b1")
     reports, log = hc.nvcc_compile("13_igemm_production.cu", arch="sm_90", defines=tune_defines(t, "bf16"))

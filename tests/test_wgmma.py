@@ -44,7 +44,6 @@ from helpers.variants import KernelLaunch, LaunchConfig, bind, compile_launches,
 
 V = get("igemm_wgmma")
 FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
-needs_nvcc = pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH (install the CUDA 13 toolkit)")
 
 
 def nhwc(**kw) -> Conv2dProblem:
@@ -357,14 +356,14 @@ def ptx_of(source: str, tmp_path) -> str:
     return out.read_text()
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_every_load_and_store_of_the_kernel_names_its_memory(tmp_path):
     ptx = ptx_of(hc.kernel_path("16_igemm_wgmma.cu").read_text(), tmp_path)
     assert "st.shared" in ptx and "st.global" in ptx
     assert generic_accesses(ptx) == []
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path):
     """The planted fault: the ring aligned by rounding a uintptr_t, as before day 16's epilogue fix;
     pass 1's stores into the staging buffers and the element path's loads from them become generic."""
@@ -386,7 +385,7 @@ def moved_registers(cfg, producer: int, consumer: int) -> int:
     return 128 * producer + 128 * cfg.consumers * consumer
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_setmaxnreg_stays_within_the_launch_allocation():
     """setmaxnreg.inc waits until the block has the registers, and the block only has what it was
     launched with (ptxas's count x threads) plus what .dec gave back: an entry whose moves need

@@ -181,7 +181,7 @@ def test_fp32_tensors_refused_for_an_fp16_problem(monkeypatch):
         prepare(V, replace(p, dtype="bf16", name=""), x.bfloat16(), w)
 
 
-@pytest.mark.skipif(not hc.nvcc_available(), reason="nvcc is not on PATH")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_two_blocks_fit_an_sm(arch):
     """__launch_bounds__(256, 2): every entry within 128 registers, no spills, 40 KB of static shared memory."""
