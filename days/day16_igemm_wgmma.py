@@ -3,7 +3,8 @@ mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals an
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
 ``persistent``, ``pingpong``: day 16's ladder), block tile BM x BN, consumer warpgroups and stages.
-`ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built.
+`ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built; a
+configuration also carries the tile order (``group_m``, a kernel argument: `tile_coords`).
 `make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
 the registered ``igemm_wgmma`` picks one per problem (`choose`).
 
@@ -20,7 +21,7 @@ or groups > 1 are refused with the reason: day 13's kernel runs them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,26 +42,37 @@ STAGE_BYTES = 2 * 64 * STAGE_COLS * 2  # the epilogue's two staging buffers per 
 MODES = ("one_wg", "specialised", "persistent", "pingpong")
 PERSISTENT_MODES = ("persistent", "pingpong")  # one block per SM, looping over tiles
 DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
+DEFAULT_L2 = 50 * 2**20  # an H200's L2 in bytes, when no GPU is there to ask
+GROUP_M = 8  # m-tiles per group of the tile order (`tile_coords`) when the filter does not stay in L2
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
     """One entry of the kernel: schedule ``mode``, block tile ``bm`` x ``bn``, ``consumers`` math
     warpgroups (each bm / consumers rows x bn of the tile; ``pingpong``: each a whole tile, the
-    block's tiles in turn), ``stages`` ring slots."""
+    block's tiles in turn), ``stages`` ring slots; and a kernel argument, ``group_m`` m-tiles per
+    group of the tile order (`tile_coords`; 1: row-major)."""
 
     mode: str
     bm: int
     bn: int
     consumers: int
     stages: int
+    group_m: int = 1
+
+    @property
+    def compiled(self) -> WgmmaConfig:
+        """The entry this configuration launches (its argument at the default)."""
+        return replace(self, group_m=1)
 
     @property
     def name(self) -> str:
-        return f"{self.mode}_{self.bm}x{self.bn}_c{self.consumers}_s{self.stages}"
+        """``<mode>_<bm>x<bn>_c<consumers>_s<stages>``, then ``_g<group_m>`` when group_m > 1."""
+        extra = f"_g{self.group_m}" if self.group_m != 1 else ""
+        return f"{self.mode}_{self.bm}x{self.bn}_c{self.consumers}_s{self.stages}{extra}"
 
     def entry(self, dtype: str) -> str:
-        return f"igemm_wgmma_{self.name}_{dtype}"
+        return f"igemm_wgmma_{self.compiled.name}_{dtype}"
 
     @property
     def threads(self) -> int:
@@ -135,9 +147,11 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
         reason = desc.reason()
         if reason:
             return f"{name} tensor map: {reason}"
-    m = p.gemm.m
+    m, tiles = p.gemm.m, cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
     if m + cfg.bm > INT32_MAX or p.R * p.S * cdiv(p.C, BK) > INT32_MAX:
         return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
+    if tiles + 2 * grid_blocks(p, cfg) > INT32_MAX or cfg.group_m * cdiv(p.K, cfg.bn) > INT32_MAX:
+        return f"{tiles} output tiles (+ two rounds of the grid) do not fit the kernel's 32-bit tile indices"
     return None
 
 
@@ -152,26 +166,41 @@ def last_wave_fill(tiles: int, sms: int) -> float:
 
 def choose(p: Conv2dProblem) -> WgmmaConfig:
     """The configuration the registered variant runs. At most `PINGPONG_STEPS` GEMM-K steps per
-    tile (1x1 layers, C <= 512): ping-pong (128 x 64 when K <= 64, else 128 x 128), whose two
-    consumers store one tile while computing the other. Else persistent, 64 columns when K <= 64
-    (a 128-wide tile would compute twice the filters), else 128; 256 rows unless 128-row tiles fill
-    the last wave of the SMs better (`last_wave_fill`: ties go to the larger tile, which reads less
-    per FLOP).
+    tile (R S ceil(C / 64) <= 8: 1x1 layers with C <= 512): ping-pong (128 x 64 when K <= 64, else
+    128 x 128), whose two consumers store one tile while computing the other. Else persistent, 64
+    columns when K <= 64 (a 128-wide tile would compute twice the filters), else 128; 256 rows
+    unless 128-row tiles fill the last wave of the SMs better (`last_wave_fill`: ties go to the
+    larger tile, which reads less per FLOP). The tile order: groups of `GROUP_M` m-tiles when the
+    filter is larger than half the L2 (`group_rows`), else row-major.
 
     Fitted on the H200 (2026-12-03, in sample: ResNet-50's 38 problems, every configuration timed
     in one run against cuDNN): the rule reaches 1.014x cuDNN at N = 32 and 0.984x at N = 256
     (geomeans), against 1.053x and 0.991x for the best configuration per layer and 0.953x and
     0.920x for the best single configuration. Out of sample (the same run: VGG-16's and U-Net's
     3x3 layers at N = 8, 14 layers) it reaches 0.993x, against 1.007x for the best per layer.
+    The tile order (2026-12-04): on the GEMM-shaped 1x1 layer (N P Q = C = K = 8192, a 128 MB
+    filter) groups of 8 m-tiles took persistent_256x128 from 1.718 to 1.658 ms (-3.5 %); on
+    ResNet-50 (filters up to 4.7 MB) they changed the rule's configurations by -4 % .. +1 %.
     """
     sms = _sms()
     narrow = p.K <= 64
     if p.R * p.S * cdiv(p.C, BK) <= PINGPONG_STEPS:
-        return BY_NAME["pingpong_128x64_c2_s8" if narrow else "pingpong_128x128_c2_s6"]
-    bn = 64 if narrow else 128
-    big, small = BY_NAME[f"persistent_256x{bn}_c2_s4"], BY_NAME[f"persistent_128x{bn}_c2_s{8 if narrow else 6}"]
-    fill = {c: last_wave_fill(cdiv(p.gemm.m, c.bm) * cdiv(p.K, c.bn), sms) for c in (big, small)}
-    return big if fill[big] >= fill[small] else small
+        cfg = BY_NAME["pingpong_128x64_c2_s8" if narrow else "pingpong_128x128_c2_s6"]
+    else:
+        bn = 64 if narrow else 128
+        big, small = BY_NAME[f"persistent_256x{bn}_c2_s4"], BY_NAME[f"persistent_128x{bn}_c2_s{8 if narrow else 6}"]
+        fill = {c: last_wave_fill(cdiv(p.gemm.m, c.bm) * cdiv(p.K, c.bn), sms) for c in (big, small)}
+        cfg = big if fill[big] >= fill[small] else small
+    return replace(cfg, group_m=group_rows(p))
+
+
+def group_rows(p: Conv2dProblem) -> int:
+    """m-tiles per group of the tile order: `GROUP_M` when the filter (K R S C elements) takes more
+    than half the L2, else 1 (row-major). In row-major order the tiles in flight read one or two
+    rows of A and every column tile of B: all of the filter, which then streams from DRAM again for
+    every row of tiles; groups of m-tiles read a few columns of B and a few rows of A at a time.
+    A filter that stays in L2 gains nothing from it."""
+    return GROUP_M if p.K * p.R * p.S * p.C * p.itemsize > _l2_bytes() / 2 else 1
 
 
 def _sms() -> int:
@@ -179,6 +208,25 @@ def _sms() -> int:
     from helpers import gpu
 
     return gpu.device_info().sms if gpu.has_gpu() else DEFAULT_SMS
+
+
+def _l2_bytes() -> int:
+    """The GPU's L2 in bytes, or `DEFAULT_L2` without a GPU to ask."""
+    from helpers import gpu
+
+    return (gpu.device_info().l2_bytes or DEFAULT_L2) if gpu.has_gpu() else DEFAULT_L2
+
+
+def tile_coords(t: np.ndarray, tiles_m: int, tiles_n: int, group_m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's tile order (``tile_coords`` in the ``.cu`` file): linear tiles ``t`` -> (tm, tn),
+    in groups of ``group_m`` m-tiles (the last group shorter) whose tiles walk the group's m-tiles
+    first, then its columns; ``group_m`` = 1 is row-major. A bijection of 0 .. tiles_m tiles_n - 1."""
+    t = np.asarray(t, dtype=np.int64)
+    span = group_m * tiles_n
+    first = t // span * group_m
+    rows = np.minimum(group_m, tiles_m - first)
+    r = t % span
+    return first + r % rows, r // rows
 
 
 def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
@@ -191,10 +239,10 @@ def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
     """One launch of ``cfg``'s entry on the maps of x, w and y (`UNUSED_MAP` for y when K % 8 != 0:
     the threads store y then), y, cin, bias, M, K, P, Q, the strides, paddings and dilations, S,
-    taps = R * S, cblocks = ceil(C / 64) (int32), alpha, beta (float32) and relu (int32)."""
+    taps = R * S, cblocks = ceil(C / 64), group_m (int32), alpha, beta (float32) and relu (int32)."""
     ep = scalars(epilogue)
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
-    ints = (p.gemm.m, p.K, p.P, p.Q, sh, sw, ph, pw, dh, dw, p.S, p.R * p.S, cdiv(p.C, BK))
+    ints = (p.gemm.m, p.K, p.P, p.Q, sh, sw, ph, pw, dh, dw, p.S, p.R * p.S, cdiv(p.C, BK), cfg.group_m)
     ymap = TensorMap("y", y_map(p)) if p.K % 8 == 0 else UNUSED_MAP
     args = (TensorMap("x", x_map(p, cfg)), TensorMap("w", w_map(p, cfg)), ymap, Buffer("y"), Buffer("cin"),
             Buffer("bias"), *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])  # fmt: skip
@@ -205,12 +253,14 @@ def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> li
 def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
     """Writes per element of Y[m][k] (NHWC, flat): block b computes tiles b, b + grid, ... (the
     persistent loop, which ping-pong deals out to its two consumers in turn; one tile per block
-    otherwise), tile t = (t / tiles_n, t % tiles_n), and stores its rows < M and columns < K once."""
+    otherwise), tile t at `tile_coords`, and stores its rows < M and columns < K once."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
     tiles = tiles_m * tiles_n
     looping = cfg.mode in PERSISTENT_MODES
     items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
-    visits = np.bincount(items[items < tiles], minlength=tiles).reshape(tiles_m, tiles_n)
+    tm, tn = tile_coords(items[items < tiles], tiles_m, tiles_n, cfg.group_m)
+    visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
+    np.add.at(visits, (tm, tn), 1)
     return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
 
 
@@ -266,8 +316,10 @@ def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = Non
         if config not in BY_NAME:
             raise ValueError(f"no entry {config!r} in {CU_FILE}; it has: {', '.join(BY_NAME)}")
         config = BY_NAME[config]
-    if config is not None and config not in ENTRIES:
+    if config is not None and config.compiled not in ENTRIES:
         raise ValueError(f"{config.name} is not instantiated in {CU_FILE}; it has: {', '.join(BY_NAME)}")
+    if config is not None and config.group_m < 1:
+        raise ValueError(f"{config.name}: group_m must be at least 1")
 
     def pick(p: Conv2dProblem) -> WgmmaConfig:
         return config if config is not None else choose(p)

@@ -23,6 +23,7 @@ import pytest
 from days.day16_igemm_wgmma import (
     BEYOND_LIMITS,
     BK,
+    BY_NAME,
     CHECK_PROBLEMS,
     CU_FILE,
     ENTRIES,
@@ -31,6 +32,7 @@ from days.day16_igemm_wgmma import (
     last_wave_fill,
     make_wgmma,
     tensor_check,
+    tile_coords,
     w_map,
     x_map,
     y_map,
@@ -109,6 +111,37 @@ def test_pingpong_deals_each_blocks_tiles_to_its_two_consumers():
                 u, tile = u + 2 * steps, tile + 2 * grid
     assert sorted(taken) == list(range(tiles))
     assert (v.covers(p) == 1).all()
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (7, 3), (32, 64), (9, 1), (2, 5)])
+def test_tile_order_is_a_bijection_in_groups_of_m_tiles(tiles_m, tiles_n):
+    t = np.arange(tiles_m * tiles_n)
+    tm, tn = tile_coords(t, tiles_m, tiles_n, 1)
+    assert (tm == t // tiles_n).all() and (tn == t % tiles_n).all()  # group_m = 1: row-major
+    for group_m in (2, 3, 8):
+        tm, tn = tile_coords(t, tiles_m, tiles_n, group_m)
+        assert sorted(tm * tiles_n + tn) == list(t), group_m  # every tile once
+        rows = min(group_m, tiles_m)
+        # the first group walks its m-tiles first: tiles 0 .. rows - 1 are column 0, rows 0 .. rows - 1
+        assert (tn[:rows] == 0).all() and (tm[:rows] == np.arange(rows)).all()
+        assert (tm // group_m == t // (group_m * tiles_n)).all()  # each tile inside its group's rows
+
+
+def test_coverage_follows_the_tile_order_on_a_short_grid():
+    """One tile per block: a grid one block short leaves exactly the last tile of the order
+    unwritten, which is (tiles_m - 1, tiles_n - 1) for every group size."""
+    p = nhwc(N=4, C=64, H=20, W=20, K=384, R=1, S=1)  # 13 x 3 tiles of 128 x 128
+    for group_m in (1, 3, 8):
+        cfg = replace(BY_NAME["specialised_256x128_c2_s4"], group_m=group_m)
+        v = make_wgmma(config=cfg)
+        short = replace(v.launch(p), grid=(v.launch(p).grid[0] - 2, 1, 1))
+        counts = v.covers_fn(p, short).reshape(p.gemm.m, p.K)
+        tm, tn = tile_coords(np.arange(short.grid[0], short.grid[0] + 2), -(-p.gemm.m // 256), 3, group_m)
+        for a, b in zip(tm, tn):
+            assert (counts[256 * a : 256 * (a + 1), 128 * b : 128 * (b + 1)] == 0).all(), (group_m, a, b)
+        assert counts.sum() == p.gemm.m * p.K - sum(
+            (min(256 * (a + 1), p.gemm.m) - 256 * a) * 128 for a in tm
+        ), group_m
 
 
 def test_a_dropped_tile_is_seen_by_the_coverage_model():
@@ -241,7 +274,7 @@ def test_kernel_args_refuse_a_mismatch():
 
 def test_launches_pass_the_three_maps_first():
     """x, w and, when K % 8 == 0, y (whose stores the copy engine makes); else a map-sized
-    placeholder the kernel does not read (the threads store y)."""
+    placeholder the kernel does not read (the threads store y); group_m before alpha."""
     for p in PROBLEMS:
         (k,) = V.launches(p)
         x, w = k.args[:2]
@@ -251,7 +284,7 @@ def test_launches_pass_the_three_maps_first():
             assert k.args[2] == tma.TensorMap("y", y_map(p)), p
         else:
             assert k.args[2] is tma.UNUSED_MAP, p
-        assert len(k.args) == 22
+        assert len(k.args) == 23 and k.args[-4] == choose(p).group_m
         assert k.entry == choose(p).entry("fp16")
     assert {p.K % 8 == 0 for p in PROBLEMS} == {True, False}
 
@@ -320,6 +353,11 @@ def test_choose_hides_short_main_loops_and_fills_the_last_wave():
     assert choose(replace(one_by_one, K=64, name="")).name == "pingpong_128x64_c2_s8"
     assert choose(replace(one_by_one, C=576, name="")).name == "persistent_256x128_c2_s4"  # 9 steps
     assert last_wave_fill(264, 132) == 1.0 and last_wave_fill(133, 132) == 133 / 264
+    gemm = nhwc(N=8, C=8192, H=32, W=32, K=8192, R=1, S=1)  # a 128 MB filter: grouped tile order
+    assert choose(gemm).name == "persistent_256x128_c2_s4_g8"
+    assert choose(gemm).compiled == BY_NAME["persistent_256x128_c2_s4"]
+    assert choose(replace(gemm, C=1024, name="")).group_m == 1  # 16 MB: within half of a 50 MB L2
+    assert {choose(replace(p, layout="NHWC", dtype="fp16", name="")).group_m for p in resnet50()} == {1}
     assert last_wave_fill(1, 132) == 1 / 132
 
 
@@ -366,13 +404,13 @@ def test_every_load_and_store_of_the_kernel_names_its_memory(tmp_path):
 @pytest.mark.nvcc
 def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path):
     """The planted fault: the ring aligned by rounding a uintptr_t, as before day 16's epilogue fix;
-    pass 1's stores into the staging buffers and the element path's loads from them become generic."""
+    the staging of values into the buffers and the threads' 16-byte loads from them become generic."""
     src = hc.kernel_path("16_igemm_wgmma.cu").read_text()
     line = re.search(r"unsigned char\* ring = (.*);", src)
     assert line, "the ring's declaration moved"
     planted = src.replace(line.group(0), f"unsigned char* ring = {OLD_RING};")
     found = set(generic_accesses(ptx_of(planted, tmp_path)))
-    assert {"st.u32", "ld.u16"} <= found, found
+    assert {"st.u32", "ld.v4.u32"} <= found, found
 
 
 # ---- setmaxnreg moves registers inside the block's launch allocation ----

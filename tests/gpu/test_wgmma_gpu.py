@@ -1,6 +1,7 @@
 """Day 16's Hopper kernel on a GPU (sm_90a: an H100 or H200; tests/test_wgmma.py is the CPU half).
 
-* every instantiated configuration (the ladder: one warpgroup, specialised, persistent, ping-pong) on NHWC
+* every instantiated configuration (the ladder: one warpgroup, specialised, persistent, ping-pong), and
+  per schedule one in groups of 3 m-tiles (`OPTIONS`, the tile order `choose` takes for large filters), on NHWC
   problems that divide no tile, with stride, padding and dilation on either axis, C = 8 .. 256
   with a partial last channel block, K odd; fp16 and bf16, normal and integer (bit-exact) inputs;
 * the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
@@ -34,7 +35,10 @@ pytestmark = pytest.mark.gpu
 
 V = get("igemm_wgmma")
 DTYPES = ("fp16", "bf16")
-FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
+# every entry in row-major tile order, and one per schedule with tiles in groups of 3 m-tiles
+OPTIONS = [replace(next(c for c in ENTRIES if c.mode == m), group_m=3)
+           for m in dict.fromkeys(c.mode for c in ENTRIES)]  # fmt: skip
+FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in (*ENTRIES, *OPTIONS)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -142,6 +146,6 @@ def test_the_driver_places_maps_where_kernel_args_pads():
         V.cu_file, k.entry, dynamic_smem=k.config.shared_bytes, arch=V.target(info.cc), params=len(k.args)
     )
     offs = kern.param_offsets
-    assert len(offs) == len(k.args) == 22
+    assert len(offs) == len(k.args) == 23
     assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128 and offs[3] == offs[2] + 128
     assert all(b > a for a, b in zip(offs, offs[1:]))
