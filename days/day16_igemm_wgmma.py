@@ -178,9 +178,9 @@ def choose(p: Conv2dProblem) -> WgmmaConfig:
     (geomeans), against 1.053x and 0.991x for the best configuration per layer and 0.953x and
     0.920x for the best single configuration. Out of sample (the same run: VGG-16's and U-Net's
     3x3 layers at N = 8, 14 layers) it reaches 0.993x, against 1.007x for the best per layer.
-    The tile order (2026-12-04): on the GEMM-shaped 1x1 layer (N P Q = C = K = 8192, a 128 MB
+    The tile order (2026-12-04): on the GEMM-shaped 1x1 layer (N P Q = C = K = 8192, a 128 MiB
     filter) groups of 8 m-tiles took persistent_256x128 from 1.718 to 1.658 ms (-3.5 %); on
-    ResNet-50 (filters up to 4.7 MB) they changed the rule's configurations by -4 % .. +1 %.
+    ResNet-50 (filters up to 4.5 MiB) they changed the rule's configurations by -4 % .. +1 %.
     """
     sms = _sms()
     narrow = p.K <= 64

@@ -353,10 +353,10 @@ def test_choose_hides_short_main_loops_and_fills_the_last_wave():
     assert choose(replace(one_by_one, K=64, name="")).name == "pingpong_128x64_c2_s8"
     assert choose(replace(one_by_one, C=576, name="")).name == "persistent_256x128_c2_s4"  # 9 steps
     assert last_wave_fill(264, 132) == 1.0 and last_wave_fill(133, 132) == 133 / 264
-    gemm = nhwc(N=8, C=8192, H=32, W=32, K=8192, R=1, S=1)  # a 128 MB filter: grouped tile order
+    gemm = nhwc(N=8, C=8192, H=32, W=32, K=8192, R=1, S=1)  # a 128 MiB filter: grouped tile order
     assert choose(gemm).name == "persistent_256x128_c2_s4_g8"
     assert choose(gemm).compiled == BY_NAME["persistent_256x128_c2_s4"]
-    assert choose(replace(gemm, C=1024, name="")).group_m == 1  # 16 MB: within half of a 50 MB L2
+    assert choose(replace(gemm, C=1024, name="")).group_m == 1  # 16 MiB: within half of a 50 MiB L2
     assert {choose(replace(p, layout="NHWC", dtype="fp16", name="")).group_m for p in resnet50()} == {1}
     assert last_wave_fill(1, 132) == 1 / 132
 
