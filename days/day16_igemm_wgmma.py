@@ -2,7 +2,8 @@
 mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
-``persistent``, ``pingpong``: day 16's ladder), block tile BM x BN, consumer warpgroups and stages.
+``persistent``, ``pingpong``, ``cluster``: day 16's ladder), block tile BM x BN, consumer warpgroups and
+stages.
 `ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built; a
 configuration also carries the tile order (``group_m``, a kernel argument: `tile_coords`).
 `make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
@@ -39,8 +40,9 @@ BK = 64  # GEMM-K per stage: 64 channels, one 128-byte swizzled row
 ROW_BYTES = 2 * BK
 STAGE_COLS = 64  # the epilogue's sub-tile: 64 x 64, one box of y's map
 STAGE_BYTES = 2 * 64 * STAGE_COLS * 2  # the epilogue's two staging buffers per consumer warpgroup
-MODES = ("one_wg", "specialised", "persistent", "pingpong")
-PERSISTENT_MODES = ("persistent", "pingpong")  # one block per SM, looping over tiles
+MODES = ("one_wg", "specialised", "persistent", "pingpong", "cluster")
+PERSISTENT_MODES = ("persistent", "pingpong", "cluster")  # one block per SM, looping over tiles
+CLUSTER = 2  # blocks per cluster of the cluster schedule: pairs of m-tiles sharing B
 DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
 DEFAULT_L2 = 50 * 2**20  # an H200's L2 in bytes, when no GPU is there to ask
 GROUP_M = 8  # m-tiles per group of the tile order (`tile_coords`) when the filter does not stay in L2
@@ -95,6 +97,31 @@ def read_entries() -> tuple[WgmmaConfig, ...]:
 
 ENTRIES = read_entries()
 BY_NAME = {c.name: c for c in ENTRIES}
+REG_TARGETS = re.compile(r"^constexpr int (PAIR_)?PRODUCER_REGS = (\d+), (?:PAIR_)?CONSUMER_REGS = (\d+);", re.M)
+
+
+def setmaxnreg_targets(cfg: WgmmaConfig) -> tuple[int, int]:
+    """Registers per thread that setmaxnreg gives ``cfg``'s producer warpgroup and each consumer
+    warpgroup: the ``.cu`` file's PRODUCER_REGS and CONSUMER_REGS, or PAIR_PRODUCER_REGS and
+    PAIR_CONSUMER_REGS for ``cluster``. ``one_wg`` moves none: (0, 0).
+
+    Raises:
+        ValueError: the constants are not in the file.
+    """
+    if cfg.mode == "one_wg":
+        return 0, 0
+    found = {bool(pair): (int(p), int(c)) for pair, p, c in REG_TARGETS.findall(kernel_path(CU_FILE).read_text())}
+    if set(found) != {False, True}:
+        raise ValueError(f"{CU_FILE}: the setmaxnreg constants (PRODUCER_REGS, ..., PAIR_CONSUMER_REGS) moved")
+    return found[cfg.mode == "cluster"]
+
+
+def moved_registers(cfg: WgmmaConfig) -> int:
+    """Registers the block holds after the producer's setmaxnreg.dec and the consumers' .inc
+    (128 threads per warpgroup); None of this for ``one_wg``: 0. Must stay within the launch
+    allocation (ptxas's registers x threads), or .inc waits forever."""
+    producer, consumer = setmaxnreg_targets(cfg)
+    return 128 * producer + 128 * cfg.consumers * consumer
 
 
 def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
@@ -118,8 +145,9 @@ def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
 def w_map(p: Conv2dProblem, cfg: WgmmaConfig) -> TiledMap:
     """The tiled map of the KRSC filter (dims C, S, R, K): boxes of 64 channels x 1 x 1 x BN filters."""
     e = ELEMENT_BYTES[p.dtype]
+    rows = cfg.bn // CLUSTER if cfg.mode == "cluster" else cfg.bn  # a pair's producers copy half of B each
     return TiledMap(dtype=p.dtype, dims=(p.C, p.S, p.R, p.K), strides=(p.C * e, p.S * p.C * e, p.R * p.S * p.C * e),
-                    box=(BK, 1, 1, cfg.bn))  # fmt: skip
+                    box=(BK, 1, 1, rows))  # fmt: skip
 
 
 def y_map(p: Conv2dProblem) -> TiledMap:
@@ -231,9 +259,16 @@ def tile_coords(t: np.ndarray, tiles_m: int, tiles_n: int, group_m: int) -> tupl
 
 def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
     """Blocks of the launch: one per output tile, or for ``persistent`` and ``pingpong`` at most
-    one per SM."""
+    one per SM; ``cluster``: two per pair tile (`pair_tiles`), at most one pair per two SMs."""
+    if cfg.mode == "cluster":
+        return CLUSTER * min(pair_tiles(p, cfg), _sms() // CLUSTER)
     tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
     return tiles if cfg.mode not in PERSISTENT_MODES else min(tiles, _sms())
+
+
+def pair_tiles(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
+    """The cluster schedule's work items: pairs of vertically adjacent tiles, ceil(tiles_m / 2) x tiles_n."""
+    return cdiv(cdiv(p.gemm.m, cfg.bm), CLUSTER) * cdiv(p.K, cfg.bn)
 
 
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
@@ -256,6 +291,15 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarr
     otherwise), tile t at `tile_coords`, and stores its rows < M and columns < K once."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
     tiles = tiles_m * tiles_n
+    if cfg.mode == "cluster":  # pair c = block // 2 walks pair tiles c, c + grid / 2, ...; rank block % 2 its m-tile
+        pairs = pair_tiles(p, cfg)
+        items = grid_stride_items(pairs, launch.grid[0] // CLUSTER)
+        pm, tn = tile_coords(items[items < pairs], cdiv(tiles_m, CLUSTER), tiles_n, cfg.group_m)
+        tm, tn = np.concatenate([CLUSTER * pm + r for r in range(CLUSTER)]), np.concatenate([tn] * CLUSTER)
+        keep = tm < tiles_m  # a rank past the last m-tile computes zeros and stores nothing
+        visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
+        np.add.at(visits, (tm[keep], tn[keep]), 1)
+        return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
     looping = cfg.mode in PERSISTENT_MODES
     items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
     tm, tn = tile_coords(items[items < tiles], tiles_m, tiles_n, cfg.group_m)

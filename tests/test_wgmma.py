@@ -31,6 +31,9 @@ from days.day16_igemm_wgmma import (
     choose,
     last_wave_fill,
     make_wgmma,
+    moved_registers,
+    pair_tiles,
+    setmaxnreg_targets,
     tensor_check,
     tile_coords,
     w_map,
@@ -57,7 +60,7 @@ PROBLEMS, REFUSED = CHECK_PROBLEMS, BEYOND_LIMITS
 
 def test_entries_are_the_ladder():
     modes = {c.mode for c in ENTRIES}
-    assert modes == {"one_wg", "specialised", "persistent", "pingpong"}
+    assert modes == {"one_wg", "specialised", "persistent", "pingpong", "cluster"}
     for c in ENTRIES:
         assert c.threads == (128 if c.mode == "one_wg" else 128 * (1 + c.consumers))
         assert c.shared_bytes <= 227 * 1024, c
@@ -142,6 +145,45 @@ def test_coverage_follows_the_tile_order_on_a_short_grid():
         assert counts.sum() == p.gemm.m * p.K - sum(
             (min(256 * (a + 1), p.gemm.m) - 256 * a) * 128 for a in tm
         ), group_m
+
+
+def test_cluster_pairs_cover_every_tile_once_with_a_ghost_rank():
+    """The kernel's cluster loop, replayed: pair c = block // 2 walks pair tiles c, c + grid / 2, ...
+    in `tile_coords` order over ceil(tiles_m / 2) x tiles_n; rank block % 2 computes m-tile 2 pm +
+    rank, and with tiles_m odd the last rank 1 is past the end (it stores nothing). `covers` says
+    the same on full and short grids, and the grid is pairs."""
+    p = nhwc(N=3, C=64, H=20, W=20, K=384, R=3, S=3, padding=1)  # 5 m-tiles of 256: a ghost in the last pair
+    for group_m in (1, 3):
+        cfg = replace(BY_NAME["cluster_256x128_c2_s4"], group_m=group_m)
+        v = make_wgmma(config=cfg)
+        tiles_m, tiles_n = -(-p.gemm.m // 256), 3
+        assert tiles_m % 2 == 1 and pair_tiles(p, cfg) == 3 * tiles_n
+        full = v.launch(p)
+        assert full.grid[0] % 2 == 0 and full.grid[0] == 2 * pair_tiles(p, cfg)
+        for grid in (full.grid[0], 4, 2):
+            want = np.zeros((tiles_m, tiles_n), dtype=int)
+            for b in range(grid):
+                for q in range(b // 2, pair_tiles(p, cfg), grid // 2):
+                    pm, tn = tile_coords(np.array([q]), -(-tiles_m // 2), tiles_n, group_m)
+                    tm = 2 * int(pm[0]) + b % 2
+                    if tm < tiles_m:
+                        want[tm, int(tn[0])] += 1
+            assert (want == 1).all(), (group_m, grid)
+            counts = v.covers_fn(p, replace(full, grid=(grid, 1, 1)))
+            assert (counts == 1).all(), (group_m, grid)
+    # the planted fault: both ranks on the pair's first m-tile (the rank forgotten) leaves every
+    # second m-tile unwritten, which the replay's check sees
+    wrong = np.zeros((tiles_m, tiles_n), dtype=int)
+    for q in range(pair_tiles(p, cfg)):
+        pm, tn = tile_coords(np.array([q]), -(-tiles_m // 2), tiles_n, 1)
+        wrong[2 * int(pm[0]), int(tn[0])] += 2
+    assert (wrong == 0).any() and not (wrong == 1).all()
+
+
+def test_cluster_copies_half_of_b_per_block():
+    p = PROBLEMS[3]
+    assert w_map(p, BY_NAME["cluster_256x128_c2_s4"]).box == (BK, 1, 1, 64)
+    assert w_map(p, BY_NAME["persistent_256x128_c2_s4"]).box == (BK, 1, 1, 128)
 
 
 def test_a_dropped_tile_is_seen_by_the_coverage_model():
@@ -415,28 +457,20 @@ def test_the_address_space_check_sees_a_ring_aligned_through_an_integer(tmp_path
 
 # ---- setmaxnreg moves registers inside the block's launch allocation ----
 
-REG_MOVE = re.compile(r"constexpr int PRODUCER_REGS = (\d+), CONSUMER_REGS = (\d+);")
-
-
-def moved_registers(cfg, producer: int, consumer: int) -> int:
-    """Registers the block holds after the producer warpgroup's setmaxnreg.dec and the consumers' .inc."""
-    return 128 * producer + 128 * cfg.consumers * consumer
-
-
-@pytest.mark.nvcc
 def test_setmaxnreg_stays_within_the_launch_allocation():
     """setmaxnreg.inc waits until the block has the registers, and the block only has what it was
     launched with (ptxas's count x threads) plus what .dec gave back: an entry whose moves need
     more never gets past the .inc (the hang of day 16's first cluster try, producer 48 / consumers
     232 on 168 x 384 = 64,512). The planted fault: that producer count, which the check must refuse."""
-    m = REG_MOVE.search(hc.kernel_path(CU_FILE).read_text())
-    assert m, "the register constants moved"
-    producer, consumer = int(m[1]), int(m[2])
     regs = {r.entry: r.registers for r in hc.nvcc_compile(CU_FILE, arch="sm_90a")[0]}
     specialised = [c for c in ENTRIES if c.mode != "one_wg"]
+    assert {c.mode for c in specialised} >= {"persistent", "cluster"}
     for cfg in specialised:
         for dt in ("fp16", "bf16"):
             launched = regs[cfg.entry(dt)] * cfg.threads
-            assert moved_registers(cfg, producer, consumer) <= launched, (cfg.name, dt, launched)
+            assert moved_registers(cfg) <= launched, (cfg.name, dt, launched)
+    pair, single = (setmaxnreg_targets(BY_NAME[f"{m}_256x128_c2_s4"]) for m in ("cluster", "persistent"))
+    assert pair == (56, 224) and single == (40, 232)
     two = [c for c in specialised if c.consumers == 2]
-    assert two and all(moved_registers(c, 48, consumer) > regs[c.entry("fp16")] * c.threads for c in two)
+    planted = 128 * 48 + 256 * setmaxnreg_targets(BY_NAME["persistent_256x128_c2_s4"])[1]
+    assert two and all(planted > regs[c.entry("fp16")] * c.threads for c in two)

@@ -25,7 +25,7 @@
 //    then the bytes); empty[s] when every consumer warp is done reading it (one arrival per warp).
 //    Step u of the ring (GEMM-K steps over all of a block's tiles) uses slot u % STAGES for the
 //    (u / STAGES)-th time and waits on phase parity (u / STAGES) & 1.
-// 4. Three schedules (MODE), the steps of day 16's ladder:
+// 4. Five schedules (MODE), the steps of day 16's ladder:
 //    ONE_WG      one warpgroup does everything: thread 0 issues the copies STAGES - 1 steps ahead,
 //                between its own wgmma steps; block 128 threads.
 //    SPECIALISED a producer warpgroup (one thread issues every copy, setmaxnreg gives its registers
@@ -41,6 +41,12 @@
 //                the other has issued its last wgmma of the tile before, so the main loops run in
 //                tile order. That also keeps a consumer from waiting on a slot two phases early: the
 //                fills it waits for are always the next ones of their slots.
+//    CLUSTER     PERSISTENT in clusters of two blocks (__cluster_dims__(2, 1, 1)) on vertically
+//                adjacent tiles, which need the same B: each producer copies half of B into both
+//                blocks' slot (multicast), and each consumer warp releases a slot on both blocks'
+//                empty barriers (a remote arrival), since either producer writes into both. Both
+//                blocks walk the same pair tiles, so their rings stay in step; a rank past the last
+//                m-tile computes zeros and stores nothing. The producer needs 56 registers here.
 //    Tile t -> (tm, tn) in groups of group_m m-tiles (tile_coords), day 13's threadblock swizzle
 //    for a one-dimensional tile count: the tiles in flight at once share rows of A and columns of B.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
@@ -75,11 +81,12 @@
 
 typedef unsigned short u16;
 
-enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2, PINGPONG = 3 };
+enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2, PINGPONG = 3, CLUSTER = 4 };
 
 constexpr int BK = 64;            // GEMM-K per stage: 64 halves = one 128-byte swizzled row
 constexpr int ROW_BYTES = BK * 2;  // bytes per tile row
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // setmaxnreg's targets: 128 x 40 + 256 x 232 = 168 x 384
+constexpr int PAIR_PRODUCER_REGS = 56, PAIR_CONSUMER_REGS = 224;  // CLUSTER's producer spills at 40: 128 x 56 + 256 x 224
 
 template <bool BF16>
 __device__ __forceinline__ float to_f32(u16 v) {
@@ -100,13 +107,20 @@ struct Epilogue {
 };
 
 // ---- the producer: one thread, the copies of GEMM-K step t of tile (tm, tn) into slot t % STAGES
-template <int BM, int BN>
+// PAIR (CLUSTER): B is shared with the other block of the pair, which computes the same columns:
+// this block's producer copies half of it, rows rank BN / 2 .., into both blocks (multicast), and
+// the other half arrives from the other block's producer; full still expects (BM + BN) rows.
+template <int BM, int BN, bool PAIR>
 __device__ __forceinline__ void issue_step(const CUtensorMap* xmap, const CUtensorMap* wmap, unsigned char* slot,
-                                           uint64_t* full, const Geometry& g, int n0, int h0, int w0, int k0, int t) {
+                                           uint64_t* full, const Geometry& g, int n0, int h0, int w0, int k0, int t,
+                                           unsigned rank) {
     const int cb = t % g.cblocks, tap = t / g.cblocks, r = tap / g.S, s = tap % g.S;
     mbar_expect_tx(full, (BM + BN) * ROW_BYTES);
     tma_im2col_4d(slot, xmap, full, cb * BK, w0, h0, n0, (unsigned short)(s * g.dw), (unsigned short)(r * g.dh));
-    tma_load_4d(slot + BM * ROW_BYTES, wmap, full, cb * BK, s, r, k0);
+    if constexpr (PAIR)
+        tma_load_4d_multicast(slot + (BM + rank * BN / 2) * ROW_BYTES, wmap, full, cb * BK, s, r, k0 + rank * BN / 2, 3);
+    else
+        tma_load_4d(slot + BM * ROW_BYTES, wmap, full, cb * BK, s, r, k0);
 }
 
 // The first output pixel of m-tile tm as the im2col copy's start: (n0, h0 = p0 sh - ph, w0 = q0 sw - pw).
@@ -266,10 +280,18 @@ __device__ __forceinline__ void store_drain(int lane_t) {
     if (lane_t == 0) bulk_wait<0>();
 }
 
+// A consumer warp is done with a slot: it arrives on the slot's empty barrier, and with PAIR on the
+// other block's too (whose producer copies half of B into this block's slot).
+template <bool PAIR>
+__device__ __forceinline__ void release(uint64_t* empty, unsigned rank) {
+    mbar_arrive(empty);
+    if constexpr (PAIR) mbar_arrive_peer(empty, rank ^ 1);
+}
+
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
 __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const CUtensorMap* ymap,
                                             const Geometry& g, const Epilogue& ep) {
-    constexpr bool PING = MODE == PINGPONG;
+    constexpr bool PING = MODE == PINGPONG, PAIR = MODE == CLUSTER;
     constexpr int BM = 64 * MT * (PING ? 1 : CONSUMERS);  // ping-pong: every consumer owns a whole tile
     constexpr int READERS = PING ? 1 : CONSUMERS;         // consumer warpgroups reading one slot
     constexpr int SLOT = (BM + BN) * ROW_BYTES;
@@ -288,7 +310,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * READERS);  // one arrival per reading warp
+            mbar_init(&empty[s], 4 * READERS * (PAIR ? 2 : 1));  // one arrival per reading warp (of both blocks)
         }
         if (PING) {
             mbar_init(&order[0], 1);
@@ -297,19 +319,35 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         mbar_fence_init();
     }
     __syncthreads();
+    if constexpr (PAIR) cluster_sync();  // both blocks' barriers are initialised before either signals the other's
 
-    const int first_tile = blockIdx.x, tile_step = MODE >= PERSISTENT ? gridDim.x : tiles;
+    // The block's tiles: t = first_tile, + tile_step, ... < count, at tile_of(t). A pair (CLUSTER:
+    // blocks 2 c and 2 c + 1, ranks 0 and 1) walks the pair tiles (pm, tn) of ceil(tiles_m / 2) x
+    // tiles_n; rank r computes m-tile 2 pm + r (past the last m-tile: a tile of zeros that stores
+    // nothing, so both blocks run the same ring steps).
+    const unsigned rank = PAIR ? blockIdx.x % 2 : 0;
+    const int pairs_m = CEIL_DIV(tiles_m, 2), count = PAIR ? pairs_m * tiles_n : tiles;
+    const int first_tile = PAIR ? blockIdx.x / 2 : blockIdx.x;
+    const int tile_step = PAIR ? gridDim.x / 2 : MODE >= PERSISTENT ? gridDim.x : tiles;
+    auto tile_of = [&](int t, int& tm, int& tn) {
+        if constexpr (PAIR) {
+            tile_coords(g, pairs_m, tiles_n, t, tm, tn);
+            tm = 2 * tm + rank;
+        } else {
+            tile_coords(g, tiles_m, tiles_n, t, tm, tn);
+        }
+    };
 
     if constexpr (MODE == ONE_WG) {
         // ---- one warpgroup: thread 0 keeps STAGES - 1 steps in flight ahead of the math
         int tm, tn;
-        tile_coords(g, tiles_m, tiles_n, first_tile, tm, tn);
+        tile_of(first_tile, tm, tn);
         const int m0 = tm * BM, k0 = tn * BN;
         int n0, h0, w0;
         tile_origin(g, m0, n0, h0, w0);
         if (tid == 0)
             for (int t = 0; t < STAGES - 1 && t < steps; ++t)
-                issue_step<BM, BN>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t);
+                issue_step<BM, BN, false>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t, 0);
         float acc[MT][BN / 2] = {};
         for (int t = 0; t < steps; ++t) {
             const int slot = t % STAGES;
@@ -321,7 +359,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             if (tid == 0 && next < steps) {
                 const int ns = next % STAGES;
                 if (next >= STAGES) mbar_wait(&empty[ns], (next / STAGES - 1) & 1);
-                issue_step<BM, BN>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next);
+                issue_step<BM, BN, false>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next, 0);
             }
             __syncwarp();  // warp 0 together again for the next wgmma (.sync.aligned)
         }
@@ -335,32 +373,33 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         // ---- warp-specialised: warpgroup 0 produces, warpgroups 1 .. CONSUMERS consume
         const int wg = tid / 128;
         if (wg == 0) {
-            setmaxnreg_dec<PRODUCER_REGS>();
+            setmaxnreg_dec<PAIR ? PAIR_PRODUCER_REGS : PRODUCER_REGS>();
             if (tid == 0) {
                 int u = 0;  // loads issued so far, over every tile of this block
-                for (int tile = first_tile; tile < tiles; tile += tile_step) {
+                for (int tile = first_tile; tile < count; tile += tile_step) {
                     int tm, tn;
-                    tile_coords(g, tiles_m, tiles_n, tile, tm, tn);
+                    tile_of(tile, tm, tn);
                     const int m0 = tm * BM, k0 = tn * BN;
                     int n0, h0, w0;
                     tile_origin(g, m0, n0, h0, w0);
                     for (int t = 0; t < steps; ++t, ++u) {
                         const int slot = u % STAGES;
                         if (u >= STAGES) mbar_wait(&empty[slot], (u / STAGES - 1) & 1);
-                        issue_step<BM, BN>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t);
+                        issue_step<BM, BN, PAIR>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t,
+                                                 rank);
                     }
                 }
             }
         } else {
-            setmaxnreg_inc<CONSUMER_REGS>();
+            setmaxnreg_inc<PAIR ? PAIR_CONSUMER_REGS : CONSUMER_REGS>();
             const int group = wg - 1, lane_t = tid % 128;
             // ping-pong: this consumer's tiles are every second one of the block's, from the group-th
             const int own_first = first_tile + (PING ? group * tile_step : 0), own_step = PING ? 2 * tile_step : tile_step;
             int u = PING ? group * steps : 0;  // the ring's slot uses so far (both consumers' when ping-pong)
             unsigned sub = 0;                  // sub-tiles staged so far (store_tile)
-            for (int tile = own_first, n = 0; tile < tiles; tile += own_step, ++n) {
+            for (int tile = own_first, n = 0; tile < count; tile += own_step, ++n) {
                 int tm, tn;
-                tile_coords(g, tiles_m, tiles_n, tile, tm, tn);
+                tile_of(tile, tm, tn);
                 const int m0 = tm * BM, k0 = tn * BN;
                 // ping-pong: the other consumer has issued its last wgmma of the tile before this one
                 if (PING && (group == 1 || n > 0)) mbar_wait(&order[group], (n - (group == 0)) & 1);
@@ -370,11 +409,11 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
                     mbar_wait(&full[slot], (u / STAGES) & 1);
                     mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, PING ? 0 : group);
                     wgmma_wait<1>();
-                    if (t > 0 && lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
+                    if (t > 0 && lane_t % 32 == 0) release<PAIR>(&empty[(u - 1) % STAGES], rank);
                 }
                 if (PING && lane_t == 0) mbar_arrive(&order[1 - group]);  // the other consumer's turn
                 wgmma_wait<0>();
-                if (lane_t % 32 == 0) mbar_arrive(&empty[(u - 1) % STAGES]);
+                if (lane_t % 32 == 0) release<PAIR>(&empty[(u - 1) % STAGES], rank);
                 if (PING) u += steps;  // the slot uses of the other consumer's tile
 #pragma unroll
                 for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
@@ -385,6 +424,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             store_drain(lane_t);
         }
     }
+    if constexpr (PAIR) cluster_sync();  // the other block no longer copies into or arrives on this one's
 }
 
 // One entry point per (schedule, tile, dtype):
@@ -396,7 +436,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
 // Threads: 128 (one_wg) or 128 (1 + CONSUMERS) (specialised, persistent). BN is 64, 128 or 256
 // (the wgmma wrappers of hopper.cuh).
 #define WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, BF16, DT)                                           \
-    extern "C" __global__ void __launch_bounds__(128 * (MODE == ONE_WG ? 1 : 1 + CONS), 1)                     \
+    extern "C" __global__ void __launch_bounds__(128 * (MODE == ONE_WG ? 1 : 1 + CONS), 1) CLUSTER_DIMS_##MODE \
         igemm_wgmma_##MNAME##_##BM##x##BN##_c##CONS##_s##ST##_##DT(                                            \
             const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,                \
             const __grid_constant__ CUtensorMap ymap, u16* y, const u16* cin, const u16* __restrict__ bias,   \
@@ -407,6 +447,11 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             Geometry{M, K, P, Q, sh, sw, ph, pw, dh, dw, S, taps, cblocks, group_m},                           \
             Epilogue{y, cin, bias, alpha, beta, relu});                                                        \
     }
+#define CLUSTER_DIMS_ONE_WG
+#define CLUSTER_DIMS_SPECIALISED
+#define CLUSTER_DIMS_PERSISTENT
+#define CLUSTER_DIMS_PINGPONG
+#define CLUSTER_DIMS_CLUSTER __cluster_dims__(2, 1, 1)  // pairs of blocks (ranks 0, 1 = blockIdx.x % 2)
 #define WGMMA_ENTRY(MODE, MNAME, BM, BN, MT, CONS, ST)                   \
     WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, false, fp16) \
     WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, true, bf16)
@@ -424,3 +469,5 @@ WGMMA_ENTRY(PERSISTENT, persistent, 256, 64, 2, 2, 4)
 WGMMA_ENTRY(PINGPONG, pingpong, 128, 128, 2, 2, 6)
 WGMMA_ENTRY(PINGPONG, pingpong, 128, 64, 2, 2, 8)
 WGMMA_ENTRY(PINGPONG, pingpong, 64, 256, 1, 2, 4)
+WGMMA_ENTRY(CLUSTER, cluster, 256, 128, 2, 2, 4)
+WGMMA_ENTRY(CLUSTER, cluster, 128, 256, 1, 2, 4)

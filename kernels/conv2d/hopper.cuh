@@ -11,7 +11,13 @@
 //   mbar_expect_tx(bar, bytes)       mbarrier.arrive.expect_tx.shared::cta.b64 (one arrival + bytes)
 //   mbar_arrive(bar)                 mbarrier.arrive.shared::cta.b64                        
 //   mbar_wait(bar, parity)           mbarrier.try_wait.parity.shared::cta.b64, in a loop    
+//   mbar_arrive_peer(bar, rank)      mapa.shared::cluster.u32, then mbarrier.arrive.shared::cluster.b64
+//                                    (an arrival on the barrier at the same offset in block `rank` of the cluster)
+//   cluster_sync()                   barrier.cluster.arrive.release + barrier.cluster.wait.acquire
 //   tma_load_4d(dst, map, bar, c..)  cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+//   tma_load_4d_multicast(dst, map, bar, c.., mask)
+//                                    the same with .multicast::cluster: the box lands at dst, and its bytes
+//                                    count on bar, in every block of the cluster named in mask
 //   tma_im2col_4d(dst, map, bar, c.., off_w, off_h)
 //                                    cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes
 //   fence_async_shared()             fence.proxy.async.shared::cta (this thread's shared writes -> the copy engine)
@@ -41,6 +47,9 @@
 //     level-matrix-shared-memory-layout-matrix-descriptor), wgmma.fence / commit_group / wait_group,
 //     and the register fragment of D for .m64nNk16
 //   Miscellaneous Instructions: setmaxnreg (#miscellaneous-instructions-setmaxnreg)
+//   Thread-block clusters: barrier.cluster (#parallel-synchronization-and-communication-instructions-
+//     barrier-cluster), mapa (#data-movement-and-conversion-instructions-mapa), and the
+//     .multicast::cluster form of cp.async.bulk.tensor
 // and the CUDA driver API's cuTensorMapEncodeTiled / cuTensorMapEncodeIm2col, which fill the
 // 128-byte tensor maps on the host (helpers/tma.py).
 #pragma once
@@ -82,6 +91,26 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
         : "memory");
 }
 
+// ---- clusters: blocks launched together on one GPC, whose shared memories reach each other ----
+
+// An arrival on the mbarrier at bar's offset in block `rank` of this cluster (another block's, or
+// this one's): mapa turns the local shared address into that block's, in the cluster window.
+__device__ __forceinline__ void mbar_arrive_peer(uint64_t* bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 peer;\n"
+        "mapa.shared::cluster.u32 peer, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [peer];\n}\n" ::"r"(smem_addr(bar)),
+        "r"(rank)
+        : "memory");
+}
+
+// Every thread of every block of the cluster arrives, then waits for all the others: the blocks'
+// shared memories (barriers included) are ready before anyone signals them, or no longer needed
+// before a block exits.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // ---- the bulk tensor copy (TMA): one thread asks the copy engine for a whole box ------------
 // `map` is a CUtensorMap (128 bytes, 64-byte aligned) passed as a __grid_constant__ kernel
 // parameter; coordinates are innermost first, in elements, and may be negative or past the end
@@ -92,6 +121,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_addr(dst)),
         "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+// tma_load_4d into every block of the cluster whose bit is set in `mask` (bit r: rank r): the box
+// lands at dst's offset there, and its bytes count on the barrier at bar's offset there.
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const void* map, uint64_t* bar, int c0, int c1,
+                                                      int c2, int c3, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(mask)
         : "memory");
 }
 
