@@ -46,7 +46,8 @@
 //                blocks' slot (multicast), and each consumer warp releases a slot on both blocks'
 //                empty barriers (a remote arrival), since either producer writes into both. Both
 //                blocks walk the same pair tiles, so their rings stay in step; a rank past the last
-//                m-tile computes zeros and stores nothing. The producer needs 56 registers here.
+//                m-tile computes zeros and stores nothing; group_m counts pair rows. The producer
+//                needs 56 registers here.
 //    Tile t -> (tm, tn) in groups of group_m m-tiles (tile_coords), day 13's threadblock swizzle
 //    for a one-dimensional tile count: the tiles in flight at once share rows of A and columns of B.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
