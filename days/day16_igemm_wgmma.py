@@ -118,7 +118,7 @@ def setmaxnreg_targets(cfg: WgmmaConfig) -> tuple[int, int]:
 
 def moved_registers(cfg: WgmmaConfig) -> int:
     """Registers the block holds after the producer's setmaxnreg.dec and the consumers' .inc
-    (128 threads per warpgroup); None of this for ``one_wg``: 0. Must stay within the launch
+    (128 threads per warpgroup; 0 for ``one_wg``, which moves none). Must stay within the launch
     allocation (ptxas's registers x threads), or .inc waits forever."""
     producer, consumer = setmaxnreg_targets(cfg)
     return 128 * producer + 128 * cfg.consumers * consumer
@@ -288,23 +288,23 @@ def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> li
 def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
     """Writes per element of Y[m][k] (NHWC, flat): block b computes tiles b, b + grid, ... (the
     persistent loop, which ping-pong deals out to its two consumers in turn; one tile per block
-    otherwise), tile t at `tile_coords`, and stores its rows < M and columns < K once."""
+    otherwise), tile t at `tile_coords`, and stores its rows < M and columns < K once. ``cluster``:
+    pair c = b // 2 walks pair tiles c, c + grid / 2, ... (`pair_tiles`), and rank b % 2 computes
+    m-tile 2 pm + rank of pair tile (pm, tn); a rank past the last m-tile stores nothing."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
-    tiles = tiles_m * tiles_n
-    if cfg.mode == "cluster":  # pair c = block // 2 walks pair tiles c, c + grid / 2, ...; rank block % 2 its m-tile
+    if cfg.mode == "cluster":
         pairs = pair_tiles(p, cfg)
         items = grid_stride_items(pairs, launch.grid[0] // CLUSTER)
         pm, tn = tile_coords(items[items < pairs], cdiv(tiles_m, CLUSTER), tiles_n, cfg.group_m)
-        tm, tn = np.concatenate([CLUSTER * pm + r for r in range(CLUSTER)]), np.concatenate([tn] * CLUSTER)
-        keep = tm < tiles_m  # a rank past the last m-tile computes zeros and stores nothing
-        visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
-        np.add.at(visits, (tm[keep], tn[keep]), 1)
-        return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
-    looping = cfg.mode in PERSISTENT_MODES
-    items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
-    tm, tn = tile_coords(items[items < tiles], tiles_m, tiles_n, cfg.group_m)
+        tm, tn = np.concatenate([CLUSTER * pm + r for r in range(CLUSTER)]), np.tile(tn, CLUSTER)
+    else:
+        tiles = tiles_m * tiles_n
+        looping = cfg.mode in PERSISTENT_MODES
+        items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
+        tm, tn = tile_coords(items[items < tiles], tiles_m, tiles_n, cfg.group_m)
+    keep = tm < tiles_m
     visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
-    np.add.at(visits, (tm, tn), 1)
+    np.add.at(visits, (tm[keep], tn[keep]), 1)
     return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)
 
 

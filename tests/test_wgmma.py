@@ -180,6 +180,17 @@ def test_cluster_pairs_cover_every_tile_once_with_a_ghost_rank():
     assert (wrong == 0).any() and not (wrong == 1).all()
 
 
+def test_group_m_and_tile_indices_are_checked_before_a_launch():
+    with pytest.raises(ValueError, match="group_m must be at least 1"):
+        make_wgmma(config=replace(BY_NAME["persistent_256x128_c2_s4"], group_m=0))
+    # 2^30 GEMM rows fit the 32-bit indices, but 2^23 x 2^9 = 2^32 tiles of 128 x 64 do not
+    huge = nhwc(N=1024, C=8, H=1024, W=1024, K=2**15, R=1, S=1)
+    v = make_wgmma(config="persistent_128x64_c2_s8")
+    reason = v.supports(huge, smem_limit=2**31)
+    assert reason is not None and "32-bit tile indices" in reason
+    assert v.supports(replace(huge, K=2**12, name=""), smem_limit=2**31) is None  # 2^29 tiles
+
+
 def test_cluster_copies_half_of_b_per_block():
     p = PROBLEMS[3]
     assert w_map(p, BY_NAME["cluster_256x128_c2_s4"]).box == (BK, 1, 1, 64)
