@@ -2,8 +2,8 @@
 mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
-``persistent``, ``pingpong``, ``cluster``: day 16's ladder), block tile BM x BN, consumer warpgroups and
-stages.
+``persistent``, ``pingpong``, ``cluster``, ``cluster_a``: day 16's ladder), block tile BM x BN,
+consumer warpgroups and stages.
 `ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built; a
 configuration also carries the tile order (``group_m``, a kernel argument: `tile_coords`).
 `make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
@@ -40,9 +40,10 @@ BK = 64  # GEMM-K per stage: 64 channels, one 128-byte swizzled row
 ROW_BYTES = 2 * BK
 STAGE_COLS = 64  # the epilogue's sub-tile: 64 x 64, one box of y's map
 STAGE_BYTES = 2 * 64 * STAGE_COLS * 2  # the epilogue's two staging buffers per consumer warpgroup
-MODES = ("one_wg", "specialised", "persistent", "pingpong", "cluster")
-PERSISTENT_MODES = ("persistent", "pingpong", "cluster")  # one block per SM, looping over tiles
-CLUSTER = 2  # blocks per cluster of the cluster schedule: pairs of m-tiles sharing B
+MODES = ("one_wg", "specialised", "persistent", "pingpong", "cluster", "cluster_a")
+PERSISTENT_MODES = ("persistent", "pingpong", "cluster", "cluster_a")  # one block per SM, looping over tiles
+CLUSTER_MODES = ("cluster", "cluster_a")  # pairs of blocks sharing B (pairs of m-tiles) or A (pairs of n-tiles)
+CLUSTER = 2  # blocks per cluster of the cluster schedules: pairs of tiles sharing B (cluster) or A (cluster_a)
 DEFAULT_SMS = 132  # an H200's multiprocessors: the persistent grid when no GPU is there to ask
 DEFAULT_L2 = 50 * 2**20  # an H200's L2 in bytes, when no GPU is there to ask
 GROUP_M = 8  # m-tiles per group of the tile order (`tile_coords`) when the filter does not stay in L2
@@ -103,7 +104,7 @@ REG_TARGETS = re.compile(r"^constexpr int (PAIR_)?PRODUCER_REGS = (\d+), (?:PAIR
 def setmaxnreg_targets(cfg: WgmmaConfig) -> tuple[int, int]:
     """Registers per thread that setmaxnreg gives ``cfg``'s producer warpgroup and each consumer
     warpgroup: the ``.cu`` file's PRODUCER_REGS and CONSUMER_REGS, or PAIR_PRODUCER_REGS and
-    PAIR_CONSUMER_REGS for ``cluster``. ``one_wg`` moves none: (0, 0).
+    PAIR_CONSUMER_REGS for ``cluster`` and ``cluster_a``. ``one_wg`` moves none: (0, 0).
 
     Raises:
         ValueError: the constants are not in the file.
@@ -113,7 +114,7 @@ def setmaxnreg_targets(cfg: WgmmaConfig) -> tuple[int, int]:
     found = {bool(pair): (int(p), int(c)) for pair, p, c in REG_TARGETS.findall(kernel_path(CU_FILE).read_text())}
     if set(found) != {False, True}:
         raise ValueError(f"{CU_FILE}: the setmaxnreg constants (PRODUCER_REGS, ..., PAIR_CONSUMER_REGS) moved")
-    return found[cfg.mode == "cluster"]
+    return found[cfg.mode in CLUSTER_MODES]
 
 
 def moved_registers(cfg: WgmmaConfig) -> int:
@@ -127,9 +128,11 @@ def moved_registers(cfg: WgmmaConfig) -> int:
 def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
     """The im2col map of x (NHWC: dims C, W, H, N): BM pixels of 64 channels per copy, in the
     bounding box from (-pad_w, -pad_h) to ((Q-1) stride_w - pad_w, (P-1) stride_h - pad_h),
-    walked with the strides; the upper corner is relative to (W - 1, H - 1)."""
+    walked with the strides; the upper corner is relative to (W - 1, H - 1). ``cluster_a``: BM / 2
+    pixels per copy (each producer of a pair copies half of A)."""
     (sh, sw), (ph, pw) = p.stride, p.padding
     e = ELEMENT_BYTES[p.dtype]
+    pixels = cfg.bm // CLUSTER if cfg.mode == "cluster_a" else cfg.bm  # a pair's producers copy half of A each
     return Im2colMap(
         dtype=p.dtype,
         dims=(p.C, p.W, p.H, p.N),
@@ -137,7 +140,7 @@ def x_map(p: Conv2dProblem, cfg: WgmmaConfig) -> Im2colMap:
         lower=(-pw, -ph),
         upper=((p.Q - 1) * sw - pw - (p.W - 1), (p.P - 1) * sh - ph - (p.H - 1)),
         channels=BK,
-        pixels=cfg.bm,
+        pixels=pixels,
         element_strides=(1, sw, sh, 1),
     )
 
@@ -259,16 +262,25 @@ def tile_coords(t: np.ndarray, tiles_m: int, tiles_n: int, group_m: int) -> tupl
 
 def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
     """Blocks of the launch: one per output tile, or for ``persistent`` and ``pingpong`` at most
-    one per SM; ``cluster``: two per pair tile (`pair_tiles`), at most one pair per two SMs."""
-    if cfg.mode == "cluster":
+    one per SM; ``cluster`` and ``cluster_a``: two per pair tile (`pair_tiles`), at most one pair
+    per two SMs."""
+    if cfg.mode in CLUSTER_MODES:
         return CLUSTER * min(pair_tiles(p, cfg), _sms() // CLUSTER)
     tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
     return tiles if cfg.mode not in PERSISTENT_MODES else min(tiles, _sms())
 
 
+def pair_grid(p: Conv2dProblem, cfg: WgmmaConfig) -> tuple[int, int]:
+    """The cluster schedules' grid of pair tiles: ``cluster`` pairs vertically adjacent tiles,
+    ceil(tiles_m / 2) x tiles_n; ``cluster_a`` horizontally adjacent ones, tiles_m x ceil(tiles_n / 2)."""
+    tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
+    return (cdiv(tiles_m, CLUSTER), tiles_n) if cfg.mode == "cluster" else (tiles_m, cdiv(tiles_n, CLUSTER))
+
+
 def pair_tiles(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
-    """The cluster schedule's work items: pairs of vertically adjacent tiles, ceil(tiles_m / 2) x tiles_n."""
-    return cdiv(cdiv(p.gemm.m, cfg.bm), CLUSTER) * cdiv(p.K, cfg.bn)
+    """The cluster schedules' work items: the pair tiles of `pair_grid`."""
+    pm, pn = pair_grid(p, cfg)
+    return pm * pn
 
 
 def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> list[KernelLaunch]:
@@ -289,20 +301,25 @@ def covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarr
     """Writes per element of Y[m][k] (NHWC, flat): block b computes tiles b, b + grid, ... (the
     persistent loop, which ping-pong deals out to its two consumers in turn; one tile per block
     otherwise), tile t at `tile_coords`, and stores its rows < M and columns < K once. ``cluster``:
-    pair c = b // 2 walks pair tiles c, c + grid / 2, ... (`pair_tiles`), and rank b % 2 computes
-    m-tile 2 pm + rank of pair tile (pm, tn); a rank past the last m-tile stores nothing."""
+    pair c = b // 2 walks pair tiles c, c + grid / 2, ... (`pair_grid`), and rank b % 2 computes
+    m-tile 2 pm + rank of pair tile (pm, tn), or with ``cluster_a`` n-tile 2 pn + rank of (tm, pn);
+    a rank past the last m-tile (n-tile) stores nothing."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.bm), cdiv(p.K, cfg.bn)
-    if cfg.mode == "cluster":
-        pairs = pair_tiles(p, cfg)
+    if cfg.mode in CLUSTER_MODES:
+        (rows, cols), pairs = pair_grid(p, cfg), pair_tiles(p, cfg)
         items = grid_stride_items(pairs, launch.grid[0] // CLUSTER)
-        pm, tn = tile_coords(items[items < pairs], cdiv(tiles_m, CLUSTER), tiles_n, cfg.group_m)
-        tm, tn = np.concatenate([CLUSTER * pm + r for r in range(CLUSTER)]), np.tile(tn, CLUSTER)
+        pm, pn = tile_coords(items[items < pairs], rows, cols, cfg.group_m)
+        ranks = range(CLUSTER)
+        if cfg.mode == "cluster":
+            tm, tn = np.concatenate([CLUSTER * pm + r for r in ranks]), np.tile(pn, CLUSTER)
+        else:
+            tm, tn = np.tile(pm, CLUSTER), np.concatenate([CLUSTER * pn + r for r in ranks])
     else:
         tiles = tiles_m * tiles_n
         looping = cfg.mode in PERSISTENT_MODES
         items = grid_stride_items(tiles, launch.grid[0]) if looping else np.arange(min(launch.grid[0], tiles))
         tm, tn = tile_coords(items[items < tiles], tiles_m, tiles_n, cfg.group_m)
-    keep = tm < tiles_m
+    keep = (tm < tiles_m) & (tn < tiles_n)
     visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
     np.add.at(visits, (tm[keep], tn[keep]), 1)
     return gemm_writes(p.gemm.m, p.K, cfg.bm, cfg.bn, visits)

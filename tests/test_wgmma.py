@@ -28,6 +28,7 @@ from days.day16_igemm_wgmma import (
     CU_FILE,
     ENTRIES,
     HOPPER_CC,
+    MODES,
     choose,
     last_wave_fill,
     make_wgmma,
@@ -60,7 +61,7 @@ PROBLEMS, REFUSED = CHECK_PROBLEMS, BEYOND_LIMITS
 
 def test_entries_are_the_ladder():
     modes = {c.mode for c in ENTRIES}
-    assert modes == {"one_wg", "specialised", "persistent", "pingpong", "cluster"}
+    assert modes == set(MODES) == {"one_wg", "specialised", "persistent", "pingpong", "cluster", "cluster_a"}
     for c in ENTRIES:
         assert c.threads == (128 if c.mode == "one_wg" else 128 * (1 + c.consumers))
         assert c.shared_bytes <= 227 * 1024, c
@@ -191,10 +192,40 @@ def test_group_m_and_tile_indices_are_checked_before_a_launch():
     assert v.supports(replace(huge, K=2**12, name=""), smem_limit=2**31) is None  # 2^29 tiles
 
 
-def test_cluster_copies_half_of_b_per_block():
+def test_cluster_a_pairs_cover_every_tile_once_with_a_ghost_rank():
+    """cluster_a's pairs share A: pair tile (tm, pn) of tiles_m x ceil(tiles_n / 2) is n-tiles 2 pn
+    and 2 pn + 1 of m-tile tm, and with tiles_n odd the last rank 1 is past the end. `covers` agrees
+    with that replay on full and short grids; the rank on the wrong axis (cluster's) is caught."""
+    p = nhwc(N=3, C=64, H=20, W=20, K=300, R=3, S=3, padding=1)  # 3 n-tiles of 128: a ghost in every row
+    tiles_m, tiles_n = -(-p.gemm.m // 256), 3
+    for group_m in (1, 3):
+        cfg = replace(BY_NAME["cluster_a_256x128_c2_s4"], group_m=group_m)
+        v = make_wgmma(config=cfg)
+        assert pair_tiles(p, cfg) == tiles_m * 2
+        full = v.launch(p)
+        assert full.grid[0] == 2 * pair_tiles(p, cfg)
+        for grid in (full.grid[0], 4, 2):
+            want = np.zeros((tiles_m, tiles_n), dtype=int)
+            wrong = np.zeros_like(want)
+            for b in range(grid):
+                for q in range(b // 2, pair_tiles(p, cfg), grid // 2):
+                    tm, pn = (int(a[0]) for a in tile_coords(np.array([q]), tiles_m, 2, group_m))
+                    if 2 * pn + b % 2 < tiles_n:
+                        want[tm, 2 * pn + b % 2] += 1
+                    if 2 * tm + b % 2 < tiles_m:  # the planted fault: pairs along M on this grid
+                        wrong[2 * tm + b % 2, pn] += 1
+            assert (want == 1).all(), (group_m, grid)
+            assert not (wrong == 1).all()
+            assert (v.covers_fn(p, replace(full, grid=(grid, 1, 1))) == 1).all(), (group_m, grid)
+
+
+def test_cluster_copies_half_of_b_or_a_per_block():
     p = PROBLEMS[3]
     assert w_map(p, BY_NAME["cluster_256x128_c2_s4"]).box == (BK, 1, 1, 64)
     assert w_map(p, BY_NAME["persistent_256x128_c2_s4"]).box == (BK, 1, 1, 128)
+    assert w_map(p, BY_NAME["cluster_a_256x128_c2_s4"]).box == (BK, 1, 1, 128)
+    assert x_map(p, BY_NAME["cluster_a_256x128_c2_s4"]).pixels == 128
+    assert x_map(p, BY_NAME["cluster_256x128_c2_s4"]).pixels == 256
 
 
 def test_a_dropped_tile_is_seen_by_the_coverage_model():

@@ -25,7 +25,7 @@
 //    then the bytes); empty[s] when every consumer warp is done reading it (one arrival per warp).
 //    Step u of the ring (GEMM-K steps over all of a block's tiles) uses slot u % STAGES for the
 //    (u / STAGES)-th time and waits on phase parity (u / STAGES) & 1.
-// 4. Five schedules (MODE), the steps of day 16's ladder:
+// 4. Six schedules (MODE), the steps of day 16's ladder:
 //    ONE_WG      one warpgroup does everything: thread 0 issues the copies STAGES - 1 steps ahead,
 //                between its own wgmma steps; block 128 threads.
 //    SPECIALISED a producer warpgroup (one thread issues every copy, setmaxnreg gives its registers
@@ -48,6 +48,9 @@
 //                blocks walk the same pair tiles, so their rings stay in step; a rank past the last
 //                m-tile computes zeros and stores nothing; group_m counts pair rows. The producer
 //                needs 56 registers here.
+//    CLUSTER_A   CLUSTER with the pair on horizontally adjacent tiles, which need the same A: each
+//                producer copies half of A (BM / 2 pixels) into both blocks; a rank past the last
+//                n-tile computes zeros and stores nothing.
 //    Tile t -> (tm, tn) in groups of group_m m-tiles (tile_coords), day 13's threadblock swizzle
 //    for a one-dimensional tile count: the tiles in flight at once share rows of A and columns of B.
 // 5. Epilogue, from the accumulators: D = act(alpha * acc + beta * Cin + bias), as day 13, rounded
@@ -82,12 +85,12 @@
 
 typedef unsigned short u16;
 
-enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2, PINGPONG = 3, CLUSTER = 4 };
+enum Mode { ONE_WG = 0, SPECIALISED = 1, PERSISTENT = 2, PINGPONG = 3, CLUSTER = 4, CLUSTER_A = 5 };
 
 constexpr int BK = 64;            // GEMM-K per stage: 64 halves = one 128-byte swizzled row
 constexpr int ROW_BYTES = BK * 2;  // bytes per tile row
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // setmaxnreg's targets: 128 x 40 + 256 x 232 = 168 x 384
-constexpr int PAIR_PRODUCER_REGS = 56, PAIR_CONSUMER_REGS = 224;  // CLUSTER's producer spills at 40: 128 x 56 + 256 x 224
+constexpr int PAIR_PRODUCER_REGS = 56, PAIR_CONSUMER_REGS = 224;  // the cluster schedules' producer spills at 40: 128 x 56 + 256 x 224
 
 template <bool BF16>
 __device__ __forceinline__ float to_f32(u16 v) {
@@ -108,17 +111,23 @@ struct Epilogue {
 };
 
 // ---- the producer: one thread, the copies of GEMM-K step t of tile (tm, tn) into slot t % STAGES
-// PAIR (CLUSTER): B is shared with the other block of the pair, which computes the same columns:
-// this block's producer copies half of it, rows rank BN / 2 .., into both blocks (multicast), and
-// the other half arrives from the other block's producer; full still expects (BM + BN) rows.
-template <int BM, int BN, bool PAIR>
+// (n0, h0, w0): the im2col start of the tile's first pixel, or with CLUSTER_A of its pixel rank BM / 2.
+// CLUSTER: B is shared with the other block of the pair, which computes the same columns: this
+// block's producer copies half of it, rows rank BN / 2 .., into both blocks (multicast), and the
+// other half arrives from the other block's producer. CLUSTER_A: the same with A, rows rank BM / 2 ..
+// of the tile, for a pair that computes the same rows. full still expects (BM + BN) rows.
+template <int BM, int BN, int MODE>
 __device__ __forceinline__ void issue_step(const CUtensorMap* xmap, const CUtensorMap* wmap, unsigned char* slot,
                                            uint64_t* full, const Geometry& g, int n0, int h0, int w0, int k0, int t,
                                            unsigned rank) {
     const int cb = t % g.cblocks, tap = t / g.cblocks, r = tap / g.S, s = tap % g.S;
+    const unsigned short off_w = s * g.dw, off_h = r * g.dh;
     mbar_expect_tx(full, (BM + BN) * ROW_BYTES);
-    tma_im2col_4d(slot, xmap, full, cb * BK, w0, h0, n0, (unsigned short)(s * g.dw), (unsigned short)(r * g.dh));
-    if constexpr (PAIR)
+    if constexpr (MODE == CLUSTER_A)
+        tma_im2col_4d_multicast(slot + rank * BM / 2 * ROW_BYTES, xmap, full, cb * BK, w0, h0, n0, off_w, off_h, 3);
+    else
+        tma_im2col_4d(slot, xmap, full, cb * BK, w0, h0, n0, off_w, off_h);
+    if constexpr (MODE == CLUSTER)
         tma_load_4d_multicast(slot + (BM + rank * BN / 2) * ROW_BYTES, wmap, full, cb * BK, s, r, k0 + rank * BN / 2, 3);
     else
         tma_load_4d(slot + BM * ROW_BYTES, wmap, full, cb * BK, s, r, k0);
@@ -292,7 +301,7 @@ __device__ __forceinline__ void release(uint64_t* empty, unsigned rank) {
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
 __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const CUtensorMap* ymap,
                                             const Geometry& g, const Epilogue& ep) {
-    constexpr bool PING = MODE == PINGPONG, PAIR = MODE == CLUSTER;
+    constexpr bool PING = MODE == PINGPONG, PAIR = MODE == CLUSTER || MODE == CLUSTER_A;
     constexpr int BM = 64 * MT * (PING ? 1 : CONSUMERS);  // ping-pong: every consumer owns a whole tile
     constexpr int READERS = PING ? 1 : CONSUMERS;         // consumer warpgroups reading one slot
     constexpr int SLOT = (BM + BN) * ROW_BYTES;
@@ -325,19 +334,20 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
     // The block's tiles: t = first_tile, + tile_step, ... < count, at tile_of(t). A pair (CLUSTER:
     // blocks 2 c and 2 c + 1, ranks 0 and 1) walks the pair tiles (pm, tn) of ceil(tiles_m / 2) x
     // tiles_n; rank r computes m-tile 2 pm + r (past the last m-tile: a tile of zeros that stores
-    // nothing, so both blocks run the same ring steps).
+    // nothing, so both blocks run the same ring steps). CLUSTER_A: pair tiles (tm, pn) of tiles_m x
+    // ceil(tiles_n / 2), rank r on n-tile 2 pn + r.
     const unsigned rank = PAIR ? blockIdx.x % 2 : 0;
-    const int pairs_m = CEIL_DIV(tiles_m, 2), count = PAIR ? pairs_m * tiles_n : tiles;
+    const int pairs_m = MODE == CLUSTER ? CEIL_DIV(tiles_m, 2) : tiles_m;
+    const int pairs_n = MODE == CLUSTER_A ? CEIL_DIV(tiles_n, 2) : tiles_n;
+    const int count = pairs_m * pairs_n;
     const int first_tile = PAIR ? blockIdx.x / 2 : blockIdx.x;
     const int tile_step = PAIR ? gridDim.x / 2 : MODE >= PERSISTENT ? gridDim.x : tiles;
     auto tile_of = [&](int t, int& tm, int& tn) {
-        if constexpr (PAIR) {
-            tile_coords(g, pairs_m, tiles_n, t, tm, tn);
-            tm = 2 * tm + rank;
-        } else {
-            tile_coords(g, tiles_m, tiles_n, t, tm, tn);
-        }
+        tile_coords(g, pairs_m, pairs_n, t, tm, tn);
+        if constexpr (MODE == CLUSTER) tm = 2 * tm + rank;
+        if constexpr (MODE == CLUSTER_A) tn = 2 * tn + rank;
     };
+    const int a_row = MODE == CLUSTER_A ? rank * BM / 2 : 0;  // the first pixel of the tile this producer copies
 
     if constexpr (MODE == ONE_WG) {
         // ---- one warpgroup: thread 0 keeps STAGES - 1 steps in flight ahead of the math
@@ -348,7 +358,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
         tile_origin(g, m0, n0, h0, w0);
         if (tid == 0)
             for (int t = 0; t < STAGES - 1 && t < steps; ++t)
-                issue_step<BM, BN, false>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t, 0);
+                issue_step<BM, BN, MODE>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t, 0);
         float acc[MT][BN / 2] = {};
         for (int t = 0; t < steps; ++t) {
             const int slot = t % STAGES;
@@ -360,7 +370,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
             if (tid == 0 && next < steps) {
                 const int ns = next % STAGES;
                 if (next >= STAGES) mbar_wait(&empty[ns], (next / STAGES - 1) & 1);
-                issue_step<BM, BN, false>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next, 0);
+                issue_step<BM, BN, MODE>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next, 0);
             }
             __syncwarp();  // warp 0 together again for the next wgmma (.sync.aligned)
         }
@@ -382,11 +392,11 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
                     tile_of(tile, tm, tn);
                     const int m0 = tm * BM, k0 = tn * BN;
                     int n0, h0, w0;
-                    tile_origin(g, m0, n0, h0, w0);
+                    tile_origin(g, m0 + a_row, n0, h0, w0);
                     for (int t = 0; t < steps; ++t, ++u) {
                         const int slot = u % STAGES;
                         if (u >= STAGES) mbar_wait(&empty[slot], (u / STAGES - 1) & 1);
-                        issue_step<BM, BN, PAIR>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t,
+                        issue_step<BM, BN, MODE>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t,
                                                  rank);
                     }
                 }
@@ -453,6 +463,7 @@ __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUten
 #define CLUSTER_DIMS_PERSISTENT
 #define CLUSTER_DIMS_PINGPONG
 #define CLUSTER_DIMS_CLUSTER __cluster_dims__(2, 1, 1)  // pairs of blocks (ranks 0, 1 = blockIdx.x % 2)
+#define CLUSTER_DIMS_CLUSTER_A __cluster_dims__(2, 1, 1)  // the same pairs, on n-tiles
 #define WGMMA_ENTRY(MODE, MNAME, BM, BN, MT, CONS, ST)                   \
     WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, false, fp16) \
     WGMMA_ENTRY_T(MODE, MNAME, BM, BN, MT, CONS, ST, true, bf16)
@@ -472,3 +483,4 @@ WGMMA_ENTRY(PINGPONG, pingpong, 128, 64, 2, 2, 8)
 WGMMA_ENTRY(PINGPONG, pingpong, 64, 256, 1, 2, 4)
 WGMMA_ENTRY(CLUSTER, cluster, 256, 128, 2, 2, 4)
 WGMMA_ENTRY(CLUSTER, cluster, 128, 256, 1, 2, 4)
+WGMMA_ENTRY(CLUSTER_A, cluster_a, 256, 128, 2, 2, 4)

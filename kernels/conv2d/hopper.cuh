@@ -20,6 +20,8 @@
 //                                    count on bar, in every block of the cluster named in mask
 //   tma_im2col_4d(dst, map, bar, c.., off_w, off_h)
 //                                    cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes
+//   tma_im2col_4d_multicast(dst, map, bar, c.., off_w, off_h, mask)
+//                                    the same with .multicast::cluster, as tma_load_4d_multicast
 //   fence_async_shared()             fence.proxy.async.shared::cta (this thread's shared writes -> the copy engine)
 //   tma_store_2d(map, src, c0, c1)   cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
 //   bulk_commit()                    cp.async.bulk.commit_group (the stores issued so far: one group)
@@ -146,6 +148,17 @@ __device__ __forceinline__ void tma_im2col_4d(void* dst, const void* map, uint64
         "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};\n" ::"r"(smem_addr(dst)),
         "l"(map), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w), "h"(off_h)
+        : "memory");
+}
+
+// tma_im2col_4d into every block of the cluster whose bit is set in `mask`, as tma_load_4d_multicast.
+__device__ __forceinline__ void tma_im2col_4d_multicast(void* dst, const void* map, uint64_t* bar, int c, int w, int h,
+                                                        int n, unsigned short off_w, unsigned short off_h,
+                                                        unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8}, %9;\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w), "h"(off_h), "h"(mask)
         : "memory");
 }
 
