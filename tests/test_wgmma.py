@@ -148,6 +148,21 @@ def test_coverage_follows_the_tile_order_on_a_short_grid():
         ), group_m
 
 
+def _replay_pairs(rows: int, cols: int, grid: int, group_m: int, axis: str, shape: tuple) -> np.ndarray:
+    """The kernel's cluster loop, replayed: pair c = block // 2 walks pair tiles c, c + grid / 2, ...
+    of the rows x cols pair grid in `tile_coords` order, and rank block % 2 takes tile 2 x + rank
+    along ``axis`` ("m": pair rows, "n": pair columns); a tile past ``shape`` (a ghost) stores
+    nothing. Stores per tile of ``shape``."""
+    visits = np.zeros(shape, dtype=int)
+    for b in range(grid):
+        for q in range(b // 2, rows * cols, grid // 2):
+            pr, pc = (int(a[0]) for a in tile_coords(np.array([q]), rows, cols, group_m))
+            tm, tn = (2 * pr + b % 2, pc) if axis == "m" else (pr, 2 * pc + b % 2)
+            if tm < shape[0] and tn < shape[1]:
+                visits[tm, tn] += 1
+    return visits
+
+
 def test_cluster_pairs_cover_every_tile_once_with_a_ghost_rank():
     """The kernel's cluster loop, replayed: pair c = block // 2 walks pair tiles c, c + grid / 2, ...
     in `tile_coords` order over ceil(tiles_m / 2) x tiles_n; rank block % 2 computes m-tile 2 pm +
@@ -162,13 +177,7 @@ def test_cluster_pairs_cover_every_tile_once_with_a_ghost_rank():
         full = v.launch(p)
         assert full.grid[0] % 2 == 0 and full.grid[0] == 2 * pair_tiles(p, cfg)
         for grid in (full.grid[0], 4, 2):
-            want = np.zeros((tiles_m, tiles_n), dtype=int)
-            for b in range(grid):
-                for q in range(b // 2, pair_tiles(p, cfg), grid // 2):
-                    pm, tn = tile_coords(np.array([q]), -(-tiles_m // 2), tiles_n, group_m)
-                    tm = 2 * int(pm[0]) + b % 2
-                    if tm < tiles_m:
-                        want[tm, int(tn[0])] += 1
+            want = _replay_pairs(-(-tiles_m // 2), tiles_n, grid, group_m, "m", (tiles_m, tiles_n))
             assert (want == 1).all(), (group_m, grid)
             counts = v.covers_fn(p, replace(full, grid=(grid, 1, 1)))
             assert (counts == 1).all(), (group_m, grid)
@@ -205,15 +214,8 @@ def test_cluster_a_pairs_cover_every_tile_once_with_a_ghost_rank():
         full = v.launch(p)
         assert full.grid[0] == 2 * pair_tiles(p, cfg)
         for grid in (full.grid[0], 4, 2):
-            want = np.zeros((tiles_m, tiles_n), dtype=int)
-            wrong = np.zeros_like(want)
-            for b in range(grid):
-                for q in range(b // 2, pair_tiles(p, cfg), grid // 2):
-                    tm, pn = (int(a[0]) for a in tile_coords(np.array([q]), tiles_m, 2, group_m))
-                    if 2 * pn + b % 2 < tiles_n:
-                        want[tm, 2 * pn + b % 2] += 1
-                    if 2 * tm + b % 2 < tiles_m:  # the planted fault: pairs along M on this grid
-                        wrong[2 * tm + b % 2, pn] += 1
+            want = _replay_pairs(tiles_m, 2, grid, group_m, "n", (tiles_m, tiles_n))
+            wrong = _replay_pairs(tiles_m, 2, grid, group_m, "m", (tiles_m, tiles_n))  # planted: pairs along M
             assert (want == 1).all(), (group_m, grid)
             assert not (wrong == 1).all()
             assert (v.covers_fn(p, replace(full, grid=(grid, 1, 1))) == 1).all(), (group_m, grid)
