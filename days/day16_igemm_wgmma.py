@@ -178,7 +178,7 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
         reason = desc.reason()
         if reason:
             return f"{name} tensor map: {reason}"
-    m, tiles = p.gemm.m, cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
+    m, tiles = p.gemm.m, tile_count(p, cfg)
     if m + cfg.bm > INT32_MAX or p.R * p.S * cdiv(p.C, BK) > INT32_MAX:
         return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
     if tiles + 2 * grid_blocks(p, cfg) > INT32_MAX or cfg.group_m * cdiv(p.K, cfg.bn) > INT32_MAX:
@@ -186,7 +186,7 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     return None
 
 
-PINGPONG_STEPS = 8  # at most this many GEMM-K steps per tile: the epilogue is a large share, ping-pong hides it
+PINGPONG_STEPS = 4  # at most this many GEMM-K steps per tile: the epilogue is a large share, ping-pong hides it
 
 
 def last_wave_fill(tiles: int, sms: int) -> float:
@@ -197,32 +197,45 @@ def last_wave_fill(tiles: int, sms: int) -> float:
 
 def choose(p: Conv2dProblem) -> WgmmaConfig:
     """The configuration the registered variant runs. At most `PINGPONG_STEPS` GEMM-K steps per
-    tile (R S ceil(C / 64) <= 8: 1x1 layers with C <= 512): ping-pong (128 x 64 when K <= 64, else
-    128 x 128), whose two consumers store one tile while computing the other. Else persistent, 64
-    columns when K <= 64 (a 128-wide tile would compute twice the filters), else 128; 256 rows
-    unless 128-row tiles fill the last wave of the SMs better (`last_wave_fill`: ties go to the
-    larger tile, which reads less per FLOP). The tile order: groups of `GROUP_M` m-tiles when the
-    filter is larger than half the L2 (`group_rows`), else row-major.
+    tile (R S ceil(C / 64) <= 4: 1x1 layers with C <= 256): ping-pong (128 x 64 when K <= 64, else
+    128 x 128), whose two consumers store one tile while computing the other. Else persistent: a
+    large tile, or 128 x 128 (128 x 64 when K <= 64) if that fills the last wave of the SMs better
+    (`last_wave_fill`; ties go to the large tile, which reads less per FLOP). The large tile is
+    256 x 64 when K <= 64 (a wider one would compute filters that are not there), 128 x 256 when
+    K % 256 == 0 (each consumer's m64n256 wgmma reads its B tile once, where 256 x 128's two
+    m64n128 read it twice), else 256 x 128. A 128 x 128 pick whose tiles fill at most half the SMs
+    is halved to 128 x 64, which runs at about 0.7 of its rate per FLOP but keeps twice the SMs
+    busy. The tile order: groups of `GROUP_M` m-tiles when the filter is larger than half the L2
+    (`group_rows`), else row-major.
 
-    Fitted on the H200 (2026-12-03, in sample: ResNet-50's 38 problems, every configuration timed
-    in one run against cuDNN): the rule reaches 1.014x cuDNN at N = 32 and 0.984x at N = 256
-    (geomeans), against 1.053x and 0.991x for the best configuration per layer and 0.953x and
-    0.920x for the best single configuration. Out of sample (the same run: VGG-16's and U-Net's
-    3x3 layers at N = 8, 14 layers) it reaches 0.993x, against 1.007x for the best per layer.
-    The tile order (2026-12-04): on the GEMM-shaped 1x1 layer (N P Q = C = K = 8192, a 128 MiB
-    filter) groups of 8 m-tiles took persistent_256x128 from 1.718 to 1.658 ms (-3.5 %); on
-    ResNet-50 (filters up to 4.5 MiB) they changed the rule's configurations by -4 % .. +1 %.
+    Fitted on the H200 (2026-12-04, in sample: ResNet-50's 38 problems, every configuration timed
+    in one run against cuDNN, the run committed with 7a28a77): the rule reaches 1.034x cuDNN at
+    N = 32 and 0.997x at N = 256 (geomeans), against 1.048x and 1.001x for the best configuration
+    per layer; the rule before it (8 ping-pong steps, 256 x 128 for every large tile, no halving)
+    reached 1.005x and 0.993x on the same run. Out of sample: VGG-16's and U-Net's 3x3 layers at
+    N = 8 (section 9 of the notebook). The tile order (2026-12-04): on the GEMM-shaped 1x1 layer
+    (N P Q = C = K = 8192, a 128 MiB filter) groups of 8 m-tiles took persistent_256x128 from
+    1.718 to 1.658 ms (-3.5 %); on ResNet-50 (filters up to 4.5 MiB) they changed the rule's
+    configurations by -4 % .. +1 %.
     """
     sms = _sms()
     narrow = p.K <= 64
     if p.R * p.S * cdiv(p.C, BK) <= PINGPONG_STEPS:
         cfg = BY_NAME["pingpong_128x64_c2_s8" if narrow else "pingpong_128x128_c2_s6"]
     else:
-        bn = 64 if narrow else 128
-        big, small = BY_NAME[f"persistent_256x{bn}_c2_s4"], BY_NAME[f"persistent_128x{bn}_c2_s{8 if narrow else 6}"]
-        fill = {c: last_wave_fill(cdiv(p.gemm.m, c.bm) * cdiv(p.K, c.bn), sms) for c in (big, small)}
-        cfg = big if fill[big] >= fill[small] else small
+        large = "256x64_c2_s4" if narrow else "128x256_c2_s4" if p.K % 256 == 0 else "256x128_c2_s4"
+        small = "128x64_c2_s8" if narrow else "128x128_c2_s6"
+        big, cfg = BY_NAME[f"persistent_{large}"], BY_NAME[f"persistent_{small}"]
+        if last_wave_fill(tile_count(p, big), sms) >= last_wave_fill(tile_count(p, cfg), sms):
+            cfg = big
+        elif not narrow and 2 * tile_count(p, cfg) <= sms:
+            cfg = BY_NAME["persistent_128x64_c2_s8"]
     return replace(cfg, group_m=group_rows(p))
+
+
+def tile_count(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
+    """Output tiles of ``cfg`` on ``p``: ceil(GEMM-M / BM) x ceil(K / BN)."""
+    return cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
 
 
 def group_rows(p: Conv2dProblem) -> int:
@@ -266,7 +279,7 @@ def grid_blocks(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
     per two SMs."""
     if cfg.mode in CLUSTER_MODES:
         return CLUSTER * min(pair_tiles(p, cfg), _sms() // CLUSTER)
-    tiles = cdiv(p.gemm.m, cfg.bm) * cdiv(p.K, cfg.bn)
+    tiles = tile_count(p, cfg)
     return tiles if cfg.mode not in PERSISTENT_MODES else min(tiles, _sms())
 
 

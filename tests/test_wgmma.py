@@ -428,20 +428,24 @@ def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
 
 
 def test_choose_hides_short_main_loops_and_fills_the_last_wave():
-    big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 36 steps; 392 tiles of 256 x 128: 0.99 full
-    assert choose(big).name == "persistent_256x128_c2_s4"  # 784 of 128 x 128 fill as well: the larger tile
+    big = nhwc(N=256, C=256, H=14, W=14, K=256, R=3, S=3, padding=1)  # 36 steps; 392 tiles of 128 x 256: 0.99 full
+    assert choose(big).name == "persistent_128x256_c2_s4"  # 784 of 128 x 128 fill as well: the larger tile
+    assert choose(replace(big, K=128, H=28, W=28, name="")).name == "persistent_256x128_c2_s4"  # K % 256 != 0
     assert choose(replace(big, K=64, name="")).name == "persistent_128x64_c2_s8"  # 196 of 256 x 64: 0.74; 392: 0.99
     assert choose(replace(big, K=64, H=28, W=28, name="")).name == "persistent_256x64_c2_s4"  # 784 row tiles
-    assert choose(replace(big, N=32, name="")).name == "persistent_128x128_c2_s6"  # 50 tiles: 0.38 against 0.74
+    assert choose(replace(big, N=32, name="")).name == "persistent_128x128_c2_s6"  # 49 tiles: 0.37 against 0.74
     assert choose(replace(big, N=32, K=64, name="")).name == "persistent_128x64_c2_s8"  # K <= 64 first
-    one_by_one = replace(big, C=512, R=1, S=1, padding=0, name="")  # 8 GEMM-K steps: ping-pong
+    few = replace(big, N=32, C=512, H=7, W=7, K=512, name="")  # 13 m-tiles: 52 of 128 x 128 fill 0.39 of the SMs
+    assert choose(few).name == "persistent_128x64_c2_s8"  # halved: 104 tiles
+    assert choose(replace(few, K=1024, name="")).name == "persistent_128x128_c2_s6"  # 104 tiles: no halving
+    one_by_one = replace(big, C=256, R=1, S=1, padding=0, name="")  # 4 GEMM-K steps: ping-pong
     assert choose(one_by_one).name == "pingpong_128x128_c2_s6"
     assert choose(replace(one_by_one, K=64, name="")).name == "pingpong_128x64_c2_s8"
-    assert choose(replace(one_by_one, C=576, name="")).name == "persistent_256x128_c2_s4"  # 9 steps
+    assert choose(replace(one_by_one, C=320, name="")).name == "persistent_128x256_c2_s4"  # 5 steps
     assert last_wave_fill(264, 132) == 1.0 and last_wave_fill(133, 132) == 133 / 264
     gemm = nhwc(N=8, C=8192, H=32, W=32, K=8192, R=1, S=1)  # a 128 MiB filter: grouped tile order
-    assert choose(gemm).name == "persistent_256x128_c2_s4_g8"
-    assert choose(gemm).compiled == BY_NAME["persistent_256x128_c2_s4"]
+    assert choose(gemm).name == "persistent_128x256_c2_s4_g8"
+    assert choose(gemm).compiled == BY_NAME["persistent_128x256_c2_s4"]
     assert choose(replace(gemm, C=1024, name="")).group_m == 1  # 16 MiB: within half of a 50 MiB L2
     assert {choose(replace(p, layout="NHWC", dtype="fp16", name="")).group_m for p in resnet50()} == {1}
     assert last_wave_fill(1, 132) == 1 / 132

@@ -193,26 +193,30 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The three epilogues store_tile compiles: PLAIN (alpha = 1, no Cin, bias or ReLU): the values are
+// only rounded, the case cuDNN's GEMM kernels specialise too; AFFINE: alpha * acc + bias, then ReLU
+// if asked; WITH_C: AFFINE plus beta * Cin (read only inside the problem).
+enum class EpilogueKind { PLAIN, AFFINE, WITH_C };
+
 // The values of this thread in one 64 x 64 sub-tile (m-tile j's rows from m_row, columns from
-// k_col) into the staging buffer. CIN: add beta * Cin (read only inside the problem). PLAIN (alpha = 1,
-// no Cin, bias or ReLU): the values are only rounded, the code cuDNN's GEMM kernels specialise too.
-template <int BN, bool BF16, bool CIN, bool PLAIN>
+// k_col) into the staging buffer, with epilogue E.
+template <int BN, bool BF16, EpilogueKind E>
 __device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int ibase, const float (&bias)[STAGE_COLS / 4],
                                              const Geometry& g, const Epilogue& ep, int m_row, int k_col,
                                              u16* stage_row, int swz) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int m = m_row + 8 * h;  // rows r and r + 8 of the thread
-        const u16* cs = CIN ? ep.cin + (idx_t)m * g.K + k_col : nullptr;
+        const u16* cs = E == EpilogueKind::WITH_C ? ep.cin + (idx_t)m * g.K + k_col : nullptr;
 #pragma unroll
         for (int c8 = 0; c8 < STAGE_COLS / 8; ++c8) {
             const int i = ibase + 4 * c8 + 2 * h;
             float v0 = acc[i], v1 = acc[i + 1];
-            if constexpr (!PLAIN) {
+            if constexpr (E != EpilogueKind::PLAIN) {
                 v0 = fmaf(ep.alpha, v0, bias[2 * c8]);
                 v1 = fmaf(ep.alpha, v1, bias[2 * c8 + 1]);
             }
-            if constexpr (CIN) {
+            if constexpr (E == EpilogueKind::WITH_C) {
                 const int k = k_col + 8 * c8;
                 if (m < g.M && k < g.K) {
                     if (g.K % 2 == 0) {
@@ -225,7 +229,7 @@ __device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int iba
                     }
                 }
             }
-            if (!PLAIN && ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
+            if (E != EpilogueKind::PLAIN && ep.relu) {  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
                 v0 = v0 < 0.0f ? 0.0f : v0;
                 v1 = v1 < 0.0f ? 0.0f : v1;
             }
@@ -235,10 +239,10 @@ __device__ __forceinline__ void stage_values(const float (&acc)[BN / 2], int iba
 }
 
 // The block tile's rows row0 .. row0 + 64 MT - 1, columns k0 .. k0 + BN - 1 of this consumer to y,
-// with the epilogue CIN / PLAIN of stage_values. `sub` counts the sub-tiles this consumer has staged
+// with epilogue E (stage_values). `sub` counts the sub-tiles this consumer has staged
 // so far (over all its tiles: the buffers alternate across tiles too); thread 0 of the warpgroup
 // issues and waits for the stores.
-template <int BN, int MT, bool BF16, bool CIN, bool PLAIN>
+template <int BN, int MT, bool BF16, EpilogueKind E>
 __device__ __forceinline__ void store_tile_as(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
                                               const CUtensorMap* ymap, int row0, int k0, int lane_t, u16* stage,
                                               int bar_id, unsigned& sub) {
@@ -253,14 +257,13 @@ __device__ __forceinline__ void store_tile_as(float (&acc)[MT][BN / 2], const Ge
 #pragma unroll
         for (int c = 0; c < STAGE_COLS / 4; ++c) {
             const int k = k_col + 8 * (c / 2) + c % 2;
-            bias[c] = !PLAIN && ep.bias != nullptr && k < g.K ? to_f32<BF16>(ep.bias[k]) : -0.0f;
+            bias[c] = E != EpilogueKind::PLAIN && ep.bias != nullptr && k < g.K ? to_f32<BF16>(ep.bias[k]) : -0.0f;
         }
 #pragma unroll
         for (int j = 0; j < MT; ++j, ++sub) {
             u16* const buf = stage + (sub % 2) * STAGE_BUF;
             const int m_row = row0 + 64 * j + r1, ibase = 4 * (STAGE_COLS / 8) * cb;
-            stage_values<BN, BF16, CIN, PLAIN>(acc[j], ibase, bias, g, ep, m_row, k_col, buf + r1 * STAGE_COLS + c1,
-                                               lane / 4);
+            stage_values<BN, BF16, E>(acc[j], ibase, bias, g, ep, m_row, k_col, buf + r1 * STAGE_COLS + c1, lane / 4);
             if (tma) {
                 fence_async_shared();                   // this thread's writes -> the copy engine
                 if (lane_t == 0) bulk_wait_read<0>();  // the other buffer's store has read it
@@ -300,13 +303,12 @@ template <int BN, int MT, bool BF16>
 __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
                                            const CUtensorMap* ymap, int row0, int k0, int lane_t, u16* stage,
                                            int bar_id, unsigned& sub) {
-    const bool with_c = ep.cin != nullptr && ep.beta != 0.0f;
-    if (with_c)
-        store_tile_as<BN, MT, BF16, true, false>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
+    if (ep.cin != nullptr && ep.beta != 0.0f)
+        store_tile_as<BN, MT, BF16, EpilogueKind::WITH_C>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
     else if (ep.bias == nullptr && !ep.relu && ep.alpha == 1.0f)  // D = acc, rounded
-        store_tile_as<BN, MT, BF16, false, true>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
+        store_tile_as<BN, MT, BF16, EpilogueKind::PLAIN>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
     else
-        store_tile_as<BN, MT, BF16, false, false>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
+        store_tile_as<BN, MT, BF16, EpilogueKind::AFFINE>(acc, g, ep, ymap, row0, k0, lane_t, stage, bar_id, sub);
 }
 
 // Before the block exits: its stores are complete (thread 0 of each consumer warpgroup).

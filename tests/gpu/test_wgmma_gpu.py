@@ -103,7 +103,7 @@ EPILOGUE_CASES = [
     ("odd-K", P_ODD, Epilogue(alpha=0.5, beta=2.0, relu=True), {}),
     ("odd-K-int-in-place", P_ODD, Epilogue(alpha=2.0, beta=-1.0, relu=True), {"kind": "int", "in_place": True}),
     ("alpha-0", P_EVEN, Epilogue(alpha=0.0, beta=1.0), {"kind": "int"}),
-    # one operation away from the plain epilogue (store_tile_as<.., PLAIN>: alpha = 1, no Cin, bias or
+    # one operation away from the plain epilogue (EpilogueKind::PLAIN: alpha = 1, no Cin, bias or
     # ReLU), and on it with a Cin that beta = 0 leaves unread
     ("relu-only", P_EVEN, Epilogue(relu=True), {"with_cin": False, "with_bias": False}),
     ("alpha-only", P_EVEN, Epilogue(alpha=0.5), {"with_cin": False, "with_bias": False}),
