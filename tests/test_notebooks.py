@@ -2,7 +2,8 @@
 
 The notebooks are executed on a GPU machine (nbclient) and committed with their outputs; here
 we only read them, so a notebook committed unexecuted, half-executed, out of order or with an
-error in an output fails CI.
+error in an output fails CI, and so does one that shows a kernel file (``show_source``) other
+than the one in ``kernels/conv2d`` now: the kernel changed after the notebook measured it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ KERNEL_DIR = ROOT / "kernels" / "conv2d"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 NAME = re.compile(r"day_(\d{2})_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
 CU_REF = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+\.cu)\b")
+RENDERED = re.compile(r"\*\*kernels/conv2d/(\S+)\*\*\n\n```cuda\n(.*)\n```", re.S)
 
 NB_PARAMS = [pytest.param(p, id=p.name) for p in NOTEBOOKS] or [
     pytest.param(None, marks=pytest.mark.skip(reason="no notebooks/*.ipynb committed yet"), id="none")
@@ -62,6 +64,41 @@ def test_kernel_files_referenced_exist(path: Path):
     refs = {m for c in nb.cells for m in CU_REF.findall(c.source)}
     missing = sorted(r for r in refs if not (KERNEL_DIR / r).is_file())
     assert not missing, f"{path.name} refers to missing kernel files {missing} (looked in {KERNEL_DIR})"
+
+
+def rendered_sources(nb: nbformat.NotebookNode) -> dict[str, tuple]:
+    """The kernel files a notebook's outputs show whole (its ``show_source``: a Markdown output
+    ``**kernels/conv2d/<file>**`` then the file in a ``cuda`` block): file name -> (text shown,
+    the output holding it)."""
+    shown = {}
+    for c in code_cells(nb):
+        for out in c.get("outputs", []):
+            m = RENDERED.fullmatch(out.get("data", {}).get("text/markdown", ""))
+            if m:
+                shown[m.group(1)] = (m.group(2), out)
+    return shown
+
+
+def stale_sources(nb: nbformat.NotebookNode) -> list[str]:
+    """The kernel files shown in ``nb`` whose text differs from the file's now."""
+    return [f for f, (text, _) in rendered_sources(nb).items() if (KERNEL_DIR / f).read_text() != text]
+
+
+@pytest.mark.parametrize("path", NB_PARAMS)
+def test_rendered_kernel_sources_are_the_files(path: Path):
+    """A kernel edited after its notebook was executed leaves the notebook showing (and having
+    measured) other code: re-execute it on the GPU machine."""
+    stale = stale_sources(read(path))
+    assert not stale, f"{path.name} shows {stale} as they were when it was executed; the files have changed since"
+
+
+def test_a_kernel_edited_after_the_run_is_caught():
+    nb = read(NB_DIR / "day_16_igemm_wgmma.ipynb")
+    shown = rendered_sources(nb)
+    assert {"16_igemm_wgmma.cu", "hopper.cuh"} <= set(shown) and not stale_sources(nb)
+    out = shown["16_igemm_wgmma.cu"][1]
+    out.data["text/markdown"] = out.data["text/markdown"].replace("wgmma_wait<1>();", "", 1)  # a dropped wait
+    assert stale_sources(nb) == ["16_igemm_wgmma.cu"]
 
 
 def test_names_are_consecutive_days():
