@@ -162,7 +162,8 @@ def y_map(p: Conv2dProblem) -> TiledMap:
 
 def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
     """None if ``cfg`` runs ``p``, else why not: groups, channels, the copy engine's limits on both
-    maps, the filter offsets of the im2col copies, 32-bit indices."""
+    maps, the filter offsets of the im2col copies, 32-bit indices and the 32-bit ring counter
+    (`ring_steps`)."""
     reason = groups_one_reason(p)
     if reason:
         return reason
@@ -183,7 +184,23 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
         return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
     if tiles + 2 * grid_blocks(p, cfg) > INT32_MAX or cfg.group_m * cdiv(p.K, cfg.bn) > INT32_MAX:
         return f"{tiles} output tiles (+ two rounds of the grid) do not fit the kernel's 32-bit tile indices"
+    ring = ring_steps(p, cfg)
+    if ring > INT32_MAX:
+        return (f"a block's ring steps, (tiles per block + 1) x GEMM-K steps = {ring}, do not fit the kernel's "
+                f"32-bit ring counter u (at most {INT32_MAX})")  # fmt: skip
     return None
+
+
+def ring_steps(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
+    """The largest value the kernel's ``int u`` (ring steps of one block, counted across all its
+    tiles) can take, plus one tile: (work items per block + 1) x GEMM-K steps, the work items the
+    output tiles (pair tiles for ``cluster`` and ``cluster_a``) dealt out over the grid (pairs).
+    The + 1: a ping-pong consumer starts at its partner's first tile and skips each of its tiles."""
+    if cfg.mode in CLUSTER_MODES:
+        items, blocks = pair_tiles(p, cfg), grid_blocks(p, cfg) // CLUSTER
+    else:
+        items, blocks = tile_count(p, cfg), grid_blocks(p, cfg)
+    return (cdiv(items, max(blocks, 1)) + 1) * p.R * p.S * cdiv(p.C, BK)
 
 
 PINGPONG_STEPS = 4  # at most this many GEMM-K steps per tile: the epilogue is a large share, ping-pong hides it

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 _ctx = None
+_device = 0  # the device of the shared context: the one `init` was (or will be) called for
 
 
 class NoGPUError(RuntimeError):
@@ -35,13 +36,18 @@ def has_gpu() -> bool:
 
 
 def init(device: int = 0):
-    """Make the device's primary context current for pycuda; return it. Idempotent.
+    """Make the device's primary context current for pycuda (and ``device`` torch's current
+    device); return it. Idempotent. Every kernel of the series runs in this one context, so every
+    tensor passed to one must be on this device (`context_device`; `helpers.variants.check_tensors`).
 
     Raises:
         NoGPUError: no CUDA device, or pycuda is not installed / cannot load libcuda.
+        ValueError: the shared context is already on another device.
     """
-    global _ctx
+    global _ctx, _device
     if _ctx is not None:
+        if device != _device:
+            raise ValueError(f"the shared context is on cuda:{_device}; one process runs its kernels on one device")
         return _ctx
     if not has_gpu():
         raise NoGPUError("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False)")
@@ -57,9 +63,15 @@ def init(device: int = 0):
     drv.init()
     ctx = drv.Device(device).retain_primary_context()
     ctx.push()
-    _ctx = ctx
+    _ctx, _device = ctx, device
     atexit.register(_release)
     return ctx
+
+
+def context_device() -> torch.device:
+    """The CUDA device the kernels run on: the shared context's (`init`'s ``device``, 0 until
+    `init` is called with another). No GPU call."""
+    return torch.device("cuda", _device)
 
 
 @contextlib.contextmanager
@@ -102,6 +114,7 @@ def _release() -> None:
     while drv.Context.get_current() is not None:
         drv.Context.pop()
     _ctx = None
+_device = 0  # the device of the shared context: the one `init` was (or will be) called for
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from . import gpu
 from .epilogue import OPERANDS, PLAIN, Epilogue, check_operands
 from .problem import Conv2dProblem
 from .tma import TensorMap, kernel_args
@@ -270,8 +271,6 @@ class Variant:
 def _default_smem_limit() -> tuple[int, str]:
     """(the current GPU's opt-in shared-memory limit per block, ""), or without a GPU
     (`DEFAULT_SMEM_LIMIT`, the note a refusal adds to say the limit was assumed)."""
-    from . import gpu
-
     if gpu.has_gpu():
         try:
             return gpu.device_info().smem_per_block_optin, ""
@@ -328,12 +327,13 @@ def check_tensors(problem: Conv2dProblem, inputs: tuple, out: torch.Tensor | Non
 
     ``inputs`` are the op's two inputs in `Conv2dProblem.inputs` order (fprop: x, w) and ``out``
     its output (fprop: y). Checked in this order: count; type, dtype, shape, contiguity of each
-    input; the same for the output (one ValueError); device (CUDA, the same one for all).
+    input; the same for the output (one ValueError); device (CUDA, the same one for all, and the
+    one the kernels' context is on: `helpers.gpu.context_device`).
 
     Raises:
         TypeError: an input is not a tensor, or has the wrong dtype; the wrong number of inputs.
         ValueError: wrong shape, not contiguous, not on a CUDA device (or not on the first
-            input's); a bad output.
+            input's, or not on the context's device); a bad output.
     """
     names = problem.inputs
     if len(inputs) != len(names):
@@ -368,6 +368,10 @@ def check_tensors(problem: Conv2dProblem, inputs: tuple, out: torch.Tensor | Non
     for nm, t in named[1:]:
         if t.device != first.device:
             raise ValueError(f"{first_nm} is on {first.device} but {nm} is on {t.device}")
+    ctx = gpu.context_device()
+    if first.device.index is not None and first.device != ctx:
+        raise ValueError(f"the tensors are on {first.device}, but the kernels run in the context of {ctx} "
+                         f"(helpers.gpu.init): pass {first_nm}.to('{ctx}') and the others")  # fmt: skip
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -448,8 +452,6 @@ def _make_static(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operand
     if reason:
         raise UnsupportedProblem(reason)
     _check_call(v, problem, inputs, out, operands, epilogue)
-    from . import gpu
-
     info = gpu.device_info()
     reason = v.supports(problem, smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:

@@ -472,15 +472,27 @@ def test_in_place_b_reads_the_transposed_filter(p):
         assert np.array_equal(w_krsc[offs], wt[ph.filter_offset + gn * gk_n + gk])
 
 
-def test_in_place_needs_w_aligned():
-    """The in-place loads are 16-byte cp.async copies of w: a misaligned w is refused, naming it,
-    before any launch; the transposed path reads w element by element and takes it."""
+# the transposed path with C and K multiples of 8 (R > 16, past the optimized iterator's tap masks):
+# dgrad_filter_phases reads w in 16-byte loads there
+VECTOR_FILTER_CASE = dgrad(N=1, C=16, H=24, W=8, K=16, R=17, S=1, padding=(8, 0), **NHWC)
+
+
+@pytest.mark.parametrize("p, vector_w", [(p, from_w) for p, from_w in PATH_CASES[:1] + PATH_CASES[-3:-2]]
+                         + [(VECTOR_FILTER_CASE, True)], ids=["in_place", "analytic", "transposed_vec"])  # fmt: skip
+def test_w_alignment_where_it_is_read_in_16_bytes(p, vector_w):
+    """w is read in 16-byte accesses by the in-place loads (cp.async) and, with C and K multiples
+    of 8, by the filter kernel of the transposed path: a misaligned w is refused there, naming
+    it, before any launch (it faulted and poisoned the context); element by element (C or K not
+    a multiple of 8) the filter kernel takes it."""
     v = d14.DGRAD
-    for p, from_w in PATH_CASES[:1] + PATH_CASES[-3:-2]:
-        dy, w = p.make_inputs()
-        w_off = torch.zeros(w.numel() + 1, dtype=w.dtype)[1:].view(w.shape)  # 2 bytes off
-        reason = v.tensor_check_fn(p, {"dy": dy, "w": w_off, "dx": None}, d14.dgrad.PLAIN)
-        assert (reason is not None and "w.data_ptr() is not 16-byte aligned" in reason) == from_w, reason
+    assert v.supports(p) is None, v.supports(p)
+    if p is VECTOR_FILTER_CASE:
+        assert not d14.dgrad.in_place(p) and any(k.name == "filter" for k in v.launches(p))
+    dy, w = p.make_inputs()
+    w_off = torch.zeros(w.numel() + 1, dtype=w.dtype)[1:].view(w.shape)  # 2 bytes off
+    reason = v.tensor_check_fn(p, {"dy": dy, "w": w_off, "dx": None}, d14.dgrad.PLAIN)
+    assert (reason is not None and "w.data_ptr() is not 16-byte aligned" in reason) == vector_w, reason
+    assert v.tensor_check_fn(p, {"dy": dy, "w": w, "dx": None}, d14.dgrad.PLAIN) is None
 
 
 # ---- the [BK][BN] stage of the in-place B, modelled ---------------------------------------------
@@ -568,3 +580,40 @@ def test_in_place_offsets_past_32_bits_are_refused():
     assert reason is not None and "in-place B offsets" in reason, reason
     inside = replace(big, C=2**27, R=1, S=1, padding=0, name="")  # R·S·C = 2^27
     assert "in-place B offsets" not in (d14.DGRAD.supports(inside, smem_limit=2**31) or "")
+
+
+def _launch_on_the_cpu(variant, p, a, b):
+    """`days.day14_backward.train._launch` as the kernels do it: the op's result in a fresh tensor
+    with no graph (torch's float64 convolutions on the CPU, rounded to a's dtype)."""
+    conv = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation}
+    with torch.no_grad():
+        a64, b64 = a.double(), b.double()
+        if p.op == "fprop":
+            out = torch.nn.functional.conv2d(a64, b64, **conv)
+        elif p.op == "dgrad":  # a = dy, b = w
+            out = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), b64, a64, **conv)
+        else:  # a = x, b = dy
+            out = torch.nn.grad.conv2d_weight(a64, (p.K, p.C, p.R, p.S), b64, **conv)
+    return out.to(a.dtype)
+
+
+def test_double_backward_is_refused_not_silently_wrong(monkeypatch):
+    """A gradient penalty needs a second derivative through the kernels' backward, whose outputs
+    carry no graph: torch's once_differentiable error, not a dL/dx without requires_grad and a
+    w.grad missing the penalty's share (0.92 relative difference before the fix). A first
+    derivative (plain backward) still works and matches torch's."""
+    monkeypatch.setattr(d14.train, "_launch", _launch_on_the_cpu)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 6, 5, generator=gen).to(torch.float16).requires_grad_()
+    w = torch.randn(8, 8, 3, 3, generator=gen).to(torch.float16).requires_grad_()
+    loss = d14.train.conv2d(x, w, padding=1).float().square().sum()
+    (dx,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        (loss + dx.float().square().sum()).backward()
+
+    x.grad = w.grad = None
+    d14.train.conv2d(x, w, padding=1).float().square().sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, padding=1).square().sum().backward()
+    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
+        assert float((got.double() - want).norm() / want.norm()) < 1e-2

@@ -28,6 +28,7 @@ from helpers.variants import (
     Buffer,
     UnsupportedProblem,
     all_variants,
+    check_tensors,
     get,
     prepare,
     run,
@@ -559,3 +560,38 @@ def test_bind_refuses_a_buffer_offset_outside_its_tensor():
         bad = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", off),))
         with pytest.raises(ValueError, match="outside the tensor"):
             bind([(bad, lambda *a, **kw: None)], {"workspace": ws})
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it lives on ``cuda:<index>`` (a fake device index, for the CPU)."""
+
+    index = 1
+
+    @property
+    def device(self):
+        return torch.device("cuda", type(self).index)
+
+
+@pytest.mark.parametrize("index", [1, 0])
+def test_tensors_on_another_gpu_than_the_context_are_refused(index, monkeypatch):
+    """The kernels run in the context of `helpers.gpu.context_device` (cuda:0 here): tensors on
+    cuda:1 are refused by name, before any launch (they were accepted, and the kernels read them
+    through another device's pointers); on cuda:0 they pass the device check."""
+    p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
+    x, w = (t.as_subclass(_OnCuda) for t in p.make_inputs())
+    monkeypatch.setattr(_OnCuda, "index", index)
+    if index == 1:
+        with pytest.raises(ValueError, match=r"on cuda:1, but the kernels run in the context of cuda:0"):
+            check_tensors(p, (x, w))
+    else:
+        check_tensors(p, (x, w))
+
+
+def test_init_on_a_second_device_is_refused(monkeypatch):
+    """One process runs its kernels in one context: asking `helpers.gpu.init` for another device
+    once the context exists is an error, not a silent return of the first device's context."""
+    monkeypatch.setattr(gpu, "_ctx", object())
+    monkeypatch.setattr(gpu, "_device", 0)
+    assert gpu.init(0) is gpu._ctx
+    with pytest.raises(ValueError, match="the shared context is on cuda:0"):
+        gpu.init(1)

@@ -25,22 +25,27 @@ from days.day16_igemm_wgmma import (
     BK,
     BY_NAME,
     CHECK_PROBLEMS,
+    CLUSTER_MODES,
     CU_FILE,
     ENTRIES,
     HOPPER_CC,
     MODES,
     choose,
+    grid_blocks,
     last_wave_fill,
     make_wgmma,
     moved_registers,
     pair_tiles,
+    ring_steps,
     setmaxnreg_targets,
     tensor_check,
     tile_coords,
+    tile_count,
     w_map,
     x_map,
     y_map,
 )
+from days.kit import cdiv, grid_stride_items
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
@@ -199,6 +204,37 @@ def test_group_m_and_tile_indices_are_checked_before_a_launch():
     reason = v.supports(huge, smem_limit=2**31)
     assert reason is not None and "32-bit tile indices" in reason
     assert v.supports(replace(huge, K=2**12, name=""), smem_limit=2**31) is None  # 2^29 tiles
+
+
+def _largest_u(p: Conv2dProblem, cfg) -> int:
+    """The largest ring counter ``u`` any thread of ``cfg``'s launch on ``p`` reaches, replayed from
+    the kernel's loops: the producer adds one per GEMM-K step of each of its block's tiles; a
+    ping-pong consumer starts at group x steps and adds 2 x steps per tile it computes."""
+    steps = p.R * p.S * cdiv(p.C, BK)
+    grid = grid_blocks(p, cfg)
+    items, blocks = (pair_tiles(p, cfg), grid // 2) if cfg.mode in CLUSTER_MODES else (
+        tile_count(p, cfg), grid)  # fmt: skip
+    per_block = np.bincount(grid_stride_items(items, blocks) % blocks, minlength=blocks).max()
+    if cfg.mode != "pingpong":
+        return int(per_block * steps)
+    mine = [(per_block - g + 1) // 2 for g in (0, 1)]  # each consumer's tiles of the block
+    return int(max(g * steps + 2 * steps * n for g, n in enumerate(mine)))
+
+
+def test_the_ring_counter_is_refused_past_32_bits():
+    """``int u`` counts a block's ring steps across all its tiles: N1 C8 33600^2 K8 255x255 pad 127
+    needs 4.3e9 of them per persistent block and is refused before a launch (it was accepted); the
+    one-tile-per-block schedules take it. `ring_steps` bounds the counter the kernel's loops reach."""
+    huge = nhwc(N=1, C=8, H=33600, W=33600, K=8, R=255, S=255, padding=127)
+    reason = V.supports(huge, smem_limit=2**31)
+    assert reason is not None and "32-bit ring counter" in reason and "4344970500" in reason, reason
+    for cfg in ENTRIES:
+        refused = FORCED[cfg.name].supports(huge, smem_limit=2**31)
+        assert (refused is not None and "ring counter" in refused) == (ring_steps(huge, cfg) > 2**31 - 1)
+        assert (refused is None) == (cfg.mode in ("one_wg", "specialised")), (cfg.name, refused)
+    for p in [*PROBLEMS, nhwc(N=3, C=72, H=40, W=41, K=136, R=3, S=3, padding=1)]:
+        for cfg in ENTRIES:
+            assert _largest_u(p, cfg) <= ring_steps(p, cfg), (cfg.name, p.name)
 
 
 def test_cluster_a_pairs_cover_every_tile_once_with_a_ghost_rank():

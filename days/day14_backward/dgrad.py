@@ -352,11 +352,18 @@ def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, pick: Pick = choose_con
 
 
 def dgrad_tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
-    """dy and w 16-byte aligned for the optimized iterator's cp.async copies (w read in place);
-    dx 16-byte aligned when C % 8 == 0 (16-byte stores). On the other iterators w is read element
-    by element (the filter kernel). None or the reason."""
-    need = {"dy": VEC_BYTES, "w": VEC_BYTES} if in_place(p) else {}
-    reason = alignment_reason(tensors, need, "the 16-byte cp.async copies")
+    """The 16-byte alignments the kernels' vector accesses need, None or the reason: dy and w for
+    the optimized iterator's cp.async copies (w read in place); w also on the transposed path when
+    C and K are multiples of 8 (``dgrad_filter_phases`` then reads w in 16-byte loads: with R or
+    S > 16, past the optimized iterator's tap masks); dx when C % 8 == 0 (16-byte stores)."""
+    if in_place(p):
+        need = {"dy": VEC_BYTES, "w": VEC_BYTES}
+    elif p.C % 8 == 0 and p.K % 8 == 0:
+        need = {"w": VEC_BYTES}
+    else:
+        need = {}
+    why = "the 16-byte cp.async copies" if in_place(p) else "the filter kernel's 16-byte loads"
+    reason = alignment_reason(tensors, need, why)
     if reason is None and p.C % 8 == 0:
         reason = alignment_reason(tensors, {"dx": VEC_BYTES}, "the epilogue's 16-byte stores")
     return reason

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from helpers import gpu
 from helpers.problem import Conv2dProblem
@@ -67,6 +68,10 @@ class Conv2dFunction(torch.autograd.Function):
     """y = conv2d(x, w) forward with ``kernels.fprop``; dx with ``kernels.dgrad`` and dw with
     ``kernels.wgrad`` backward, each only when autograd asks for it.
 
+    Differentiable once: the backward's kernels write fresh tensors that carry no graph, so it is
+    marked ``once_differentiable`` and a second derivative through it (``create_graph=True``,
+    e.g. a gradient penalty) raises torch's RuntimeError instead of silently dropping terms.
+
     Shapes: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q), logical, channels_last memory
     (a contiguous NCHW tensor is accepted too: it is copied into NHWC). Raises what
     `helpers.variants.prepare` raises (unsupported problem, wrong device, misalignment), before
@@ -81,6 +86,7 @@ class Conv2dFunction(torch.autograd.Function):
         return _launch(kernels.fprop, p, x, w)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         stride, padding, dilation, kernels = ctx.conv
