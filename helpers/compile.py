@@ -7,8 +7,9 @@ Two paths share one option list so they build the same code:
   the device's own architecture or the target a variant names (``sm_90a`` for Hopper-only
   instructions: `helpers.variants.Variant.target`), and returns the function with its
   registers, static shared memory and local memory. Modules are cached in-process by (file,
-  source, defines, arch); pycuda caches the cubin on disk keyed on the preprocessed source, so
-  editing a header rebuilds too.
+  `source_hash`, defines, arch): an edit to the file or to anything it includes (a header, or an
+  earlier day's ``.cu``) rebuilds; pycuda caches the cubin on disk keyed on the preprocessed
+  source.
 * `nvcc_compile` runs plain ``nvcc -cubin -Xptxas -v`` for any architecture (no GPU needed; CI
   uses it for sm_75..sm_120) and `parse_ptxas` turns its report into numbers.
 
@@ -19,6 +20,8 @@ so C++ headers (``cuda_fp16.h``, ``mma.h``) work and the entry names are unmangl
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -70,7 +73,7 @@ class CompiledKernel:
     param_offsets: tuple | None = None
 
 
-_modules: dict = {}  # (file, source, defines, arch) -> pycuda Module
+_modules: dict = {}  # (file, source_hash, defines, arch) -> pycuda Module
 _cubins: dict = {}  # the same key -> the cubin it was loaded from (for `param_offsets`)
 _offsets: dict = {}  # (key, entry, count) -> the driver's parameter offsets, asked once
 
@@ -108,13 +111,13 @@ def load_kernel(
 
     info = gpu.device_info()
     arch = arch or info.arch
-    key, src = _module_key(cu_file, defines, arch)
+    key = _module_key(cu_file, defines, arch)
     mod = _modules.get(key)
     if mod is None:
         from pycuda.compiler import compile as nvcc_cubin
 
-        cubin = nvcc_cubin(src, options=NVCC_OPTIONS + define_flags(defines), no_extern_c=True, arch=arch,
-                           include_dirs=[str(KERNEL_DIR)])  # fmt: skip
+        cubin = nvcc_cubin(kernel_path(cu_file).read_text(), options=NVCC_OPTIONS + define_flags(defines),
+                           no_extern_c=True, arch=arch, include_dirs=[str(KERNEL_DIR)])  # fmt: skip
         mod = _modules[key] = drv.module_from_buffer(cubin)
         _cubins[key] = cubin
     fn = mod.get_function(entry)
@@ -144,16 +147,14 @@ def _offsets_of(key: tuple, entry: str, count: int) -> tuple[int, ...]:
     return _offsets[k]
 
 
-def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple[tuple, str]:
-    """(the in-process module cache's key: file, its source, defines, arch; the source)."""
-    path = kernel_path(cu_file)
-    src = path.read_text()
-    return (str(path), src, tuple(sorted((defines or {}).items())), arch), src
+def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple:
+    """The in-process module cache's key: the file, `source_hash` (it and its includes), defines, arch."""
+    return str(kernel_path(cu_file)), source_hash(cu_file), tuple(sorted((defines or {}).items())), arch
 
 
 def is_built(cu_file: str, defines: dict | None, arch: str) -> bool:
     """Whether `load_kernel` already holds this build for ``arch`` in this process."""
-    return _module_key(cu_file, defines, arch)[0] in _modules
+    return _module_key(cu_file, defines, arch) in _modules
 
 
 def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | None = None) -> float:
@@ -167,7 +168,6 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     Raises:
         NoGPUError: no GPU or no pycuda (the modules are loaded into the device's context).
     """
-    import os
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -180,9 +180,9 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     t0 = time.perf_counter()
     todo = {}
     for cu_file, defines in jobs:
-        key, src = _module_key(cu_file, defines, arch)
+        key = _module_key(cu_file, defines, arch)
         if key not in _modules:
-            todo[key] = (src, defines)
+            todo[key] = (kernel_path(cu_file).read_text(), defines)
 
     def build(item):
         src, defines = item
@@ -239,11 +239,29 @@ def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
         lib.cuModuleUnload(mod)
 
 
+_hashes: dict = {}  # kernel path -> (its include closure's (path, mtime_ns, size), its source_hash)
+
+
+def _signature(paths) -> tuple:
+    return tuple((p, st.st_mtime_ns, st.st_size) for p in paths for st in [os.stat(p)])
+
+
 def source_hash(cu_file: str) -> str:
     """SHA-256 (hex) of ``cu_file`` and every file of ``kernels/conv2d`` it includes, recursively
-    (``#include "..."``): what a cached result of this kernel depends on."""
-    import hashlib
+    (``#include "..."``): what a compiled module, a plan or a tuned choice of this kernel depends
+    on, and the key of every such cache.
 
+    Memoised per file and re-read when any file of that closure changes its modification time or
+    size (the test Python's own bytecode cache makes), so a call costs a few ``stat`` calls.
+    """
+    top = str(KERNEL_DIR / cu_file)
+    memo = _hashes.get(top)
+    if memo is not None:
+        try:
+            if _signature(p for p, _, _ in memo[0]) == memo[0]:
+                return memo[1]
+        except FileNotFoundError:  # a file of the closure is gone: the includes changed
+            pass
     seen: list[Path] = []
     todo = [kernel_path(cu_file)]
     while todo:
@@ -257,7 +275,9 @@ def source_hash(cu_file: str) -> str:
     h = hashlib.sha256()
     for path in sorted(seen):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    digest = h.hexdigest()
+    _hashes[top] = (_signature(str(p) for p in sorted(seen)), digest)
+    return digest
 
 
 # ---- nvcc without a GPU ----------------------------------------------------------------------
@@ -328,8 +348,8 @@ def parse_ptxas(log: str) -> list[PtxasReport]:
 def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None) -> tuple[list[PtxasReport], str]:
     """Compile with plain ``nvcc -cubin -Xptxas -v`` (no GPU needed); return (reports, log).
 
-    Results are cached in-process by (file, its source and the headers' sources, arch, defines),
-    so tests that read the same build share one compile.
+    Results are cached in-process by (file, `source_hash`, arch, defines), so tests that read the
+    same build share one compile, and an edit to the file or to what it includes compiles again.
 
     Raises:
         FileNotFoundError: nvcc is not on PATH, or no such kernel file.
@@ -338,17 +358,15 @@ def nvcc_compile(cu_file: str, arch: str = "sm_90", defines: dict | None = None)
     if not nvcc_available():
         raise FileNotFoundError("nvcc is not on PATH")
     path = kernel_path(cu_file)
-    headers = tuple(sorted((h.name, h.read_text()) for h in KERNEL_DIR.glob("*.cuh")))
-    sources = (*headers, (path.name, path.read_text()))
-    reports, log = _nvcc_compile_cached(str(path), sources, arch, tuple(sorted((defines or {}).items())))
+    reports, log = _nvcc_compile_cached(str(path), source_hash(cu_file), arch, tuple(sorted((defines or {}).items())))
     return list(reports), log
 
 
 @functools.cache
 def _nvcc_compile_cached(
-    path_str: str, sources: tuple, arch: str, defines: tuple
+    path_str: str, source: str, arch: str, defines: tuple
 ) -> tuple[tuple[PtxasReport, ...], str]:
-    """`nvcc_compile`'s work; ``sources`` is only the cache key (a changed file is a new key)."""
+    """`nvcc_compile`'s work; ``source`` (the `source_hash`) is only the cache key."""
     path, cu_file = Path(path_str), Path(path_str).name
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [

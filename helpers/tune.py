@@ -38,6 +38,7 @@ builds and top-k prescreening in public autotuners), NVIDIA's CUDA C++ Best Prac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -262,6 +263,7 @@ def default_cache_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "conv2d-days" / "tune.json"
 
 
+@functools.lru_cache(maxsize=4096)
 def problem_key(p: Conv2dProblem) -> str:
     """The problem's compared fields (not its label) as a compact string."""
     d = {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.compare}
@@ -280,6 +282,7 @@ class TuneCache:
     def __init__(self, path: str | Path | None = None, environment: dict | None = None):
         self.path = Path(path) if path is not None else default_cache_path()
         self._env = environment
+        self._prefixes: dict = {}  # (variant name, source hash) -> the key's first six fields
         self.entries: dict = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     @property
@@ -294,11 +297,17 @@ class TuneCache:
         return self._env
 
     def key(self, variant: Variant, p: Conv2dProblem) -> str:
+        """``gpu|driver|cuda|nvcc|source|variant|problem``: the environment and source part made once
+        per (variant, `helpers.compile.source_hash`), which costs a few ``stat`` calls per lookup."""
         from .compile import source_hash
 
-        env = self.environment
-        return "|".join([env["gpu"], env["driver"], env["cuda"], env["nvcc"], source_hash(variant.cu_file)[:16],
-                         variant.name, problem_key(p)])  # fmt: skip
+        part = (variant.name, source_hash(variant.cu_file))
+        prefix = self._prefixes.get(part)
+        if prefix is None:
+            env = self.environment
+            prefix = self._prefixes[part] = "|".join([env["gpu"], env["driver"], env["cuda"], env["nvcc"],
+                                                      part[1][:16], variant.name])  # fmt: skip
+        return f"{prefix}|{problem_key(p)}"
 
     def lookup(self, variant: Variant, p: Conv2dProblem) -> dict | None:
         """The entry for (variant, problem) in this environment and source, or None."""

@@ -465,7 +465,7 @@ def _make_static(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operand
 
 
 # Plans `prepare(..., cache=True)` made, by (id of the variant, problem, epilogue, device, the
-# kernel file's mtime and size); the oldest is dropped past PLAN_CACHE_SIZE.
+# kernel's `helpers.compile.source_hash`); the oldest is dropped past PLAN_CACHE_SIZE.
 PLAN_CACHE_SIZE = 4096
 _plans: OrderedDict = OrderedDict()
 
@@ -478,13 +478,13 @@ def clear_plans() -> None:
 
 def _plan_key(v: Variant, problem: Conv2dProblem, epilogue: Epilogue, inputs: tuple):
     """The cache key of a call, or None when there is none (the first input is not a tensor:
-    the checks will say so). A kernel file edited in place gets a new key (its mtime)."""
+    the checks will say so). An edit to the kernel file or to a file it includes gets a new key
+    (`helpers.compile.source_hash`)."""
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         return None
-    from .compile import kernel_path
+    from .compile import source_hash
 
-    st = kernel_path(v.cu_file).stat()
-    return (id(v), problem, epilogue, inputs[0].device, st.st_mtime_ns, st.st_size)
+    return (id(v), problem, epilogue, inputs[0].device, source_hash(v.cu_file))
 
 
 # ---- the launch path -------------------------------------------------------------------------

@@ -206,3 +206,43 @@ def test_define_flags_sorted():
 def test_kernel_path_missing():
     with pytest.raises(FileNotFoundError, match="no kernel file"):
         hc.kernel_path("99_does_not_exist.cu")
+
+
+@pytest.mark.parametrize("top, included", [("14_dgrad.cu", "13_igemm_production.cu"),
+                                           ("16_igemm_wgmma.cu", "hopper.cuh")])  # fmt: skip
+def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_path, monkeypatch):
+    """The in-process module cache, the plan cache and nvcc_compile's cache key on `source_hash`
+    (the file and everything it includes): an edit to a file the kernel includes (day 14's dgrad
+    includes day 13's kernel; day 16 includes hopper.cuh) builds and plans again instead of running
+    the stale code, and undoing the edit finds the old key. (They keyed on the file's own text or
+    mtime, which an included file's edit leaves alone.)"""
+    import torch
+
+    from helpers import variants as hv
+    from helpers.epilogue import PLAIN
+    from helpers.problem import Conv2dProblem
+
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for f in hc.KERNEL_DIR.iterdir():
+        (kdir / f.name).write_text(f.read_text())
+    monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
+    assert f'#include "{included}"' in (kdir / top).read_text()
+    v = next(v for v in all_variants() if v.cu_file == top)
+    p = Conv2dProblem(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    seen = []
+    monkeypatch.setattr(hc, "nvcc_available", lambda: True)
+    monkeypatch.setattr(hc, "_nvcc_compile_cached", lambda *key: seen.append(key) or ((), ""))
+
+    def keys():
+        hc.nvcc_compile(top, "sm_90a")
+        return hc._module_key(top, {"TILE": 1}, "sm_90a"), hv._plan_key(v, p, PLAIN, (torch.zeros(1),)), seen[-1]
+
+    before = keys()
+    path = kdir / included
+    original = path.read_text()
+    path.write_text(original + "\n// an edit\n")
+    edited = keys()
+    assert all(a != b for a, b in zip(before, edited)), "a cache kept its key after an included file changed"
+    path.write_text(original)
+    assert keys() == before
