@@ -255,6 +255,26 @@ class _Tally:
             self.exact_equal &= bool(torch.equal(ob, ref.to(ob.dtype)))
 
 
+def expected(
+    problem: Conv2dProblem, a: torch.Tensor, b: torch.Tensor, max_elems: int = 2**26
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The float64 reference of the whole output and its scale |op|(|a|, |b|) (both logical
+    layout, on a's device), made once to `compare` many outputs of one problem (the tuner's
+    candidates); None when the output has more than ``max_elems`` elements (then `compare`
+    works band by band on each call).
+
+    Args:
+        problem, a, b: as for `reference`.
+    """
+    if math.prod(problem.output_shape) > max_elems:
+        return None
+    p = problem
+    _check_inputs(p, a, b)
+    a4, b4 = p.to_logical(a), p.to_logical(b)
+    rows = _band_rows(p)
+    return reference_band(p, a4, b4, 0, p.N, 0, rows), reference_band(p, a4, b4, 0, p.N, 0, rows, absolute=True)
+
+
 def compare(
     problem: Conv2dProblem,
     a: torch.Tensor,
@@ -263,6 +283,7 @@ def compare(
     accum: str = "fp32",
     exact: bool = False,
     max_elems: int = 2**26,
+    expected: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict:
     """Compare the op's output ``out`` with its float64 reference, band by band (`_bands`).
 
@@ -273,6 +294,8 @@ def compare(
         accum: the accumulator's precision for the bound ("fp32", "fp16", "bf16", "fp64").
         exact: also report whether ``out`` equals the reference rounded to its dtype bitwise.
         max_elems: about how many elements of the inputs and output one band may upcast.
+        expected: the whole reference and its scale from `expected` (same problem and inputs),
+            instead of computing them band by band.
 
     The element bound is ``(gamma_n + u_out) · |op|(|a|, |b|)`` with n =
     `Conv2dProblem.reduction_length` (vacuous, i.e. infinite, once n·u ≥ 1: then only NaN/Inf
@@ -293,7 +316,9 @@ def compare(
     _check_inputs(p, a, b)
     tally = _Tally(bound_coefficient(p, accum), bound_floor(p, accum), exact)
     a4, b4, o4 = p.to_logical(a), p.to_logical(b), p.to_logical(out)
-    if p.op == "wgrad":
+    if expected is not None:
+        tally.add(o4, *expected)
+    elif p.op == "wgrad":
         ref = torch.zeros(o4.shape, dtype=torch.float64, device=a.device)
         scale = torch.zeros_like(ref)
         for n0, n1, r0, r1 in _bands(p, max_elems):

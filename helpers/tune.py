@@ -14,8 +14,10 @@ runtime argument), and how to rebuild a candidate from its name. `tune_problem` 
    (`helpers.compile.build_many`);
 4. **times** each survivor briefly (`QUICK_REPS` repetitions, cold L2) and stops early on clear
    losers: a candidate slower than `LOSER` times the best so far gets no more repetitions; the
-   close ones get `CLOSE_REPS` more; each output is compared with the prior's (a candidate whose
-   output differs is dropped and counted, never chosen);
+   close ones get `CLOSE_REPS` more; each output is poisoned with NaN before the candidate runs
+   and checked against the float64 reference with the harness's bound (`helpers.check.compare`,
+   `helpers.check.judge`): a candidate that leaves an element unwritten or computes it wrongly is
+   dropped and counted, never chosen;
 5. tries the winner's variations, then re-times the winner properly (`FINAL_TARGET_MS`), and the
    prior the same way (the rule's time to compare with: short timings run a few per cent fast).
 
@@ -23,7 +25,8 @@ runtime argument), and how to rebuild a candidate from its name. `tune_problem` 
 versions, the hash of the kernel's source (the ``.cu`` file and what it includes:
 `helpers.compile.source_hash`), the variant and the problem: a warm cache answers without
 timing, and an edited kernel misses. `tuned` is a variant that runs the cached choice (the rule's
-where the cache has none).
+where the cache has none, or where the choice fails `helpers.check.check`, run once per problem
+and choice in a process).
 
 The cost model (`gemm_tile_us`) is generic over implicit-GEMM tiles: waves of resident blocks over
 the SMs (occupancy from shared memory, registers and threads), the tensor-core time of the
@@ -42,13 +45,16 @@ import functools
 import json
 import math
 import os
+import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
+from filelock import FileLock
 
 from .problem import Conv2dProblem
 from .variants import Variant, get
@@ -58,7 +64,6 @@ QUICK_REPS = 3  # first repetitions of each survivor
 CLOSE_REPS = 10  # more repetitions for those within LOSER of the best
 LOSER = 1.15  # a median this many times the best so far ends a candidate's timing
 FINAL_TARGET_MS = 50.0  # the winner's final timing: repetitions for about this much GPU time
-AGREE_REL_L2 = 2e-2  # a candidate's output vs the prior's: fp16 outputs of different summation orders
 CACHE_ENV = "CONV2D_DAYS_TUNE_CACHE"  # overrides `default_cache_path`
 
 
@@ -270,6 +275,24 @@ def problem_key(p: Conv2dProblem) -> str:
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
+class TuneCacheWarning(UserWarning):
+    """A tune cache file, or an entry of it, that cannot be used: the rule's choice runs instead."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, TuneCacheWarning, stacklevel=3)
+
+
+def valid_entry(entry) -> bool:
+    """Whether a cache entry holds what a hit answers with (`CACHED`): ``config`` and
+    ``rule_config`` strings, ``ms`` and ``rule_ms`` numbers, ``model_rank`` an int."""
+    if not isinstance(entry, dict) or not all(k in entry for k in CACHED):
+        return False
+    numbers = all(isinstance(entry[k], (int, float)) and not isinstance(entry[k], bool) for k in ("ms", "rule_ms"))
+    return (numbers and isinstance(entry["config"], str) and isinstance(entry["rule_config"], str)
+            and isinstance(entry["model_rank"], int))  # fmt: skip
+
+
 class TuneCache:
     """Tuned choices in a JSON file: {key: entry}, written after every new entry.
 
@@ -277,13 +300,42 @@ class TuneCache:
     variant and the problem, so anything that could change the answer changes the key; old keys
     are simply never asked again. An entry holds the configuration, its time (ms) and how it was
     found.
+
+    Several processes may tune into one file: `store` holds a lock file beside it
+    (``<name>.lock``, `filelock`), merges its entry into what is on disk and replaces the file
+    through a temporary file of its own, so no entry is lost and a reader never sees half a file.
+    A file that is not a JSON object, or entries that are malformed (`valid_entry`), are left out
+    with one `TuneCacheWarning` naming the file: those problems run the rule's choice.
     """
 
     def __init__(self, path: str | Path | None = None, environment: dict | None = None):
         self.path = Path(path) if path is not None else default_cache_path()
         self._env = environment
         self._prefixes: dict = {}  # (variant name, source hash) -> the key's first six fields
-        self.entries: dict = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.entries: dict = self._read(warn=True)
+
+    def _read(self, warn: bool) -> dict:
+        """The valid entries on disk ({} without a file); with ``warn``, one warning for a file or
+        entries that cannot be used."""
+        if not self.path.is_file():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            if warn:
+                _warn(f"tune cache {self.path} is unreadable ({type(e).__name__}: {e}): the rule's choices run; "
+                      "the next store rewrites it")  # fmt: skip
+            return {}
+        if not isinstance(data, dict):
+            if warn:
+                _warn(f"tune cache {self.path} holds a JSON {type(data).__name__}, not an object of entries: "
+                      "the rule's choices run; the next store rewrites it")  # fmt: skip
+            return {}
+        good = {k: e for k, e in data.items() if valid_entry(e)}
+        if warn and len(good) < len(data):
+            _warn(f"tune cache {self.path}: {len(data) - len(good)} malformed entries left out (their problems run "
+                  f"the rule's choice); an entry needs {', '.join(CACHED)}")  # fmt: skip
+        return good
 
     @property
     def environment(self) -> dict:
@@ -314,11 +366,27 @@ class TuneCache:
         return self.entries.get(self.key(variant, p))
 
     def store(self, variant: Variant, p: Conv2dProblem, entry: dict) -> None:
-        self.entries[self.key(variant, p)] = entry
+        """Add ``entry`` for (variant, problem) to the file, merged with what other processes
+        stored since (under the lock), and take their entries in too.
+
+        Raises:
+            ValueError: ``entry`` is not a `valid_entry`.
+        """
+        if not valid_entry(entry):
+            raise ValueError(f"a tune cache entry needs {', '.join(CACHED)} (strings, numbers); got {entry!r}")
+        key = self.key(variant, p)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
-        tmp.replace(self.path)  # atomic: an interrupted run leaves the old file whole
+        with FileLock(str(self.path) + ".lock"):
+            merged = {**self._read(warn=False), key: entry}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(merged, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        self.entries = merged
 
 
 # ---- tuning -------------------------------------------------------------------------------------
@@ -327,7 +395,8 @@ class TuneCache:
 @dataclass
 class Trial:
     """One candidate's measurements in a search: medians (ms) of its timing rounds; none when its
-    output disagreed with the prior's (``status`` "disagreed")."""
+    output failed the check against the float64 reference (``status`` "disagreed", with the
+    reason) or it faulted (``status`` "error: ...")."""
 
     candidate: Candidate
     ms: list[float] = field(default_factory=list)
@@ -343,6 +412,7 @@ def _time_ms(variant: Variant, p: Conv2dProblem, inputs: tuple, reps: int | None
     from .variants import prepare
 
     plan, out = prepare(variant, p, *inputs, cache=True)  # a candidate is timed up to three times: plan it once
+    out.fill_(float("nan"))  # an element the candidate never writes stays NaN (the block may hold an old output)
     kw = {"reps": reps} if reps else {"target_ms": target_ms}
     return time_gpu(plan, warmup=1, **kw).ms_p50, out
 
@@ -352,11 +422,33 @@ def _inputs(p: Conv2dProblem) -> tuple:
     return p.make_inputs(device="cuda", kind="normal", seed=1)
 
 
-def _agrees(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    a, b = out.float(), ref.float()
-    if not bool(torch.isfinite(a).all()):
-        return False
-    return float((a - b).norm()) <= AGREE_REL_L2 * max(float(b.norm()), 1e-30)
+@dataclass
+class Reference:
+    """What every candidate's output of one search is checked against: the problem, its inputs
+    and, when the output is small enough, its float64 reference and scale made once
+    (`helpers.check.expected`; else `helpers.check.compare` works band by band per output)."""
+
+    problem: Conv2dProblem
+    inputs: tuple
+    expected: tuple | None = None
+
+    @classmethod
+    def of(cls, p: Conv2dProblem, inputs: tuple) -> Reference:
+        from .check import expected
+
+        return cls(p, inputs, expected(p, *inputs))
+
+    def reason(self, variant: Variant, out: torch.Tensor) -> str | None:
+        """None if ``out`` passes `helpers.check.judge` (NaN/Inf, the element bound, the relative L2
+        limit) for ``variant``'s accumulator, else the verdict's reason."""
+        from .check import compare, judge
+
+        r = compare(self.problem, *self.inputs, out, accum=variant.accum, expected=self.expected)
+        v = judge(variant=variant.name, problem=self.problem, kind="normal", accum=variant.accum,
+                  nonfinite=r["nonfinite"], max_abs_err=r["max_abs_err"],
+                  worst_err_over_bound=r["worst_err_over_bound"], rel_l2=r["rel_l2"], exact=None,
+                  repeat_bitwise=True)  # fmt: skip
+        return None if v.ok else v.reason
 
 
 @dataclass
@@ -395,21 +487,25 @@ def enumerate_search(space: Space, p: Conv2dProblem, keep: int = KEEP) -> Search
 
 
 def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dict:
-    """Steps 4 and 5 on a search whose builds are done: time the survivors (early stop on losers,
-    outputs compared with the prior's; a candidate that faults is dropped), try the winner's
-    variations, re-time the winner; store it in ``cache``. Returns the row `tune_problem`
-    describes, without ``compile_s`` and with ``tune_s`` the seconds of enumeration and timing."""
+    """Steps 4 and 5 on a search whose builds are done: time the survivors (early stop on losers;
+    each output checked against the float64 reference, `_trial`: a candidate that fails it or
+    faults is dropped), try the winner's variations, re-time the winner; store it in ``cache``.
+    Returns the row `tune_problem` describes, without ``compile_s`` and with ``tune_s`` the
+    seconds of enumeration and timing; ``rule_ms`` is NaN when the prior itself failed the check.
+
+    Raises:
+        RuntimeError: no survivor passed the check."""
     t0 = time.perf_counter()
     p = search.problem
     base = get(space.variant)
     inputs = _inputs(p)
+    ref = Reference.of(p, inputs)
     prior = next((c for c in search.survivors if c.prior), search.survivors[0])
-    ref_ms, ref = _time_ms(prior.variant, p, inputs, QUICK_REPS)
-    ref = ref.clone()
-    trials = {prior.config: Trial(prior, [ref_ms])}
-    for c in search.survivors:
-        if c.config not in trials:
-            trials[c.config] = _trial(c, p, inputs, ref, QUICK_REPS)
+    order = [prior, *(c for c in search.survivors if c is not prior)]  # the prior first: it wins ties
+    trials = {c.config: _trial(c, p, inputs, ref, QUICK_REPS) for c in order}
+    if not any(t.ms for t in trials.values()):
+        why = "; ".join(f"{cfg}: {t.status}" for cfg, t in trials.items())
+        raise RuntimeError(f"no configuration of {space.variant} passed the check on {p.name}: {why}"[:600])
     best = min(t.best_ms for t in trials.values())
     close = [t for t in trials.values() if t.best_ms <= LOSER * best]
     for t in close:  # early stop: the clear losers get no more repetitions
@@ -423,7 +519,12 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
             if trials[cfg].best_ms < winner.best_ms:
                 winner = trials[cfg]
     final_ms = _time_ms(winner.candidate.variant, p, inputs, None, FINAL_TARGET_MS)[0]
-    rule_ms = final_ms if winner.candidate is prior else _time_ms(prior.variant, p, inputs, None, FINAL_TARGET_MS)[0]
+    if winner.candidate is prior:
+        rule_ms = final_ms
+    elif trials[prior.config].ms:
+        rule_ms = _time_ms(prior.variant, p, inputs, None, FINAL_TARGET_MS)[0]
+    else:  # the rule's own pick failed the check: no time to compare with
+        rule_ms = math.nan
     row = {
         "problem": p.name,
         "variant": space.variant,
@@ -436,7 +537,7 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
         "candidates": len(search.candidates),
         "survivors": len(search.survivors),
         "timed": len(close),
-        "disagreed": sum(t.status == "disagreed" for t in trials.values()),
+        "disagreed": sum(t.status.startswith("disagreed") for t in trials.values()),
         "faulted": sum(t.status.startswith("error") for t in trials.values()),
         "cache": "miss",
         "tune_s": search.enumerate_s + time.perf_counter() - t0,
@@ -448,14 +549,13 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
 
 def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     """The exhaustive answer, to judge the tuner by: every candidate and each of its variations
-    timed (``reps`` repetitions; outputs compared with the prior's), then the fastest re-timed as
+    timed (``reps`` repetitions; outputs checked as in `measure`), then the fastest re-timed as
     the tuner's winner is. Returns ``best_config``, ``best_ms``, ``exhaustive_s`` and ``sweep``
     ({config: (model_us, ms)}, NaN for a disagreeing or faulting one)."""
     t0 = time.perf_counter()
     p = search.problem
     inputs = _inputs(p)
-    prior = next((c for c in search.candidates if c.prior), search.candidates[0])
-    ref = _time_ms(prior.variant, p, inputs, 1)[1].clone()
+    ref = Reference.of(p, inputs)
     times = {}
     for c in search.candidates:
         for cfg in [c.config, *space.variations(c.config, p)]:
@@ -467,14 +567,16 @@ def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     return {"best_config": best_cfg, "best_ms": best_ms, "exhaustive_s": time.perf_counter() - t0, "sweep": times}
 
 
-def _trial(c: Candidate, p: Conv2dProblem, inputs: tuple, ref: torch.Tensor, reps: int) -> Trial:
-    """One timing round of a candidate: its median, or no time when its output disagrees with
-    ``ref`` or it faults (a build that failed, a launch error: recorded, the search goes on)."""
+def _trial(c: Candidate, p: Conv2dProblem, inputs: tuple, ref: Reference, reps: int) -> Trial:
+    """One timing round of a candidate: its median, or no time when its output (poisoned with NaN
+    first: `_time_ms`) fails the check against ``ref`` or it faults (a build that failed, a launch
+    error: recorded, the search goes on)."""
     try:
         ms, out = _time_ms(c.variant, p, inputs, reps)
     except Exception as e:  # noqa: BLE001 - one candidate's fault drops it, not the search
         return Trial(c, [], status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
-    return Trial(c, [ms]) if _agrees(out, ref) else Trial(c, [], status="disagreed")
+    reason = ref.reason(c.variant, out)
+    return Trial(c, [ms]) if reason is None else Trial(c, [], status=f"disagreed: {reason}")
 
 
 CACHED = ("config", "ms", "rule_config", "rule_ms", "model_rank")  # what a cache entry answers with
@@ -498,7 +600,7 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
     median, timed as the winner's), ``model_rank`` (the place of the winner's
     build in the model's order, 1 = first), ``candidates`` / ``survivors`` / ``timed``
     (configurations enumerated, kept by the model, given more than the first repetitions),
-    ``disagreed`` (outputs unlike the prior's), ``compile_s``, ``tune_s`` (wall seconds of the
+    ``disagreed`` (outputs that failed the float64 check), ``compile_s``, ``tune_s`` (wall seconds of the
     whole search, builds included), ``cache`` ("hit" or "miss"). With ``exhaustive``, after the
     search (or the cache's answer) every candidate is built and `sweep` adds ``best_config``,
     ``best_ms``, ``exhaustive_s`` (builds included) and ``sweep`` (not a CSV column).
@@ -618,14 +720,25 @@ def _fault_row(space: Space, p: Conv2dProblem, e: Exception) -> dict:
 def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
     """A variant (``<name>_tuned``, not registered) that runs, per problem, the configuration
     ``cache`` holds for ``variant`` (looked up when the problem is planned), and the registered
-    variant's own rule where it holds none."""
+    variant's own rule where it holds none.
+
+    A cached choice is trusted once it has passed `helpers.check.check` on the problem, run the
+    first time this variant meets the (problem, choice) with a GPU present; a choice that fails
+    the check, that the space cannot build (an unknown configuration name) or that the variant
+    refuses runs the rule instead, with one `TuneCacheWarning` naming the cache file."""
     space = space_of(variant)
     base = get(space.variant)
     cache = cache or TuneCache()
+    chosen: dict = {}  # (problem, configuration) -> the variant that runs it
 
     def pick(p: Conv2dProblem) -> Variant:
         hit = cache.lookup(base, p)
-        return space.variant_for(hit["config"], p) if hit else base
+        if not hit:
+            return base
+        key = (p, hit["config"])
+        if key not in chosen:
+            chosen[key] = _trusted(space, base, p, hit["config"], cache.path)
+        return chosen[key]
 
     def tensor_check(p: Conv2dProblem, tensors: dict, ep) -> str | None:
         v = pick(p)
@@ -641,3 +754,24 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
         workspace_fn=lambda p: pick(p).workspace_bytes(p),
         tensor_check_fn=tensor_check,
     )
+
+
+def _trusted(space: Space, base: Variant, p: Conv2dProblem, config: str, path: Path) -> Variant:
+    """The variant of a cached ``config`` for ``p`` if it builds, is supported and (with a GPU)
+    passes `helpers.check.check`; else ``base`` (the rule), with a warning that names ``path``."""
+    from . import gpu
+    from .check import check
+
+    try:
+        v = space.variant_for(config, p)
+        reason = v.supports(p, smem_limit=2**31)
+        if reason is None and gpu.has_gpu():
+            r = check(v, p)
+            reason = None if r.ok else f"failed the check ({r.reason})"
+    except Exception as e:  # noqa: BLE001 - a cache entry must never break a run: the rule runs instead
+        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if reason is None:
+        return v
+    _warn(f"tune cache {path}: the choice {config!r} of {base.name} for {p.name} is not used ({reason}); "
+          "the rule's runs instead")  # fmt: skip
+    return base

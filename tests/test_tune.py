@@ -99,6 +99,102 @@ def test_tuned_lookups_hash_the_source_once_until_it_changes(tmp_path, monkeypat
     assert c.lookup(v, P1) is None and len(hashed) == 2  # the edit: hashed again, a miss
 
 
+STORE_SCRIPT = """
+import sys
+from dataclasses import replace
+from helpers import tune as ht
+from helpers.variants import get
+from test_tune import ENV, P1, entry
+cache = ht.TuneCache(sys.argv[1], environment=ENV)
+v, tag = get("igemm_production"), int(sys.argv[2])
+for n in range(200):
+    cache.store(v, replace(P1, N=1 + n, H=28 + tag, name=""), entry(ms=0.1 + tag))
+"""
+
+
+def test_concurrent_stores_keep_every_entry(tmp_path):
+    """Two processes storing 200 entries each into one cache file keep all 400, without errors
+    (one fixed temporary name and no merge kept 212-310 and raised FileNotFoundError)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
+    path = tmp_path / "t.json"
+    procs = [subprocess.Popen([sys.executable, "-c", STORE_SCRIPT, str(path), str(tag)], env=env,
+                              stderr=subprocess.PIPE, text=True) for tag in (0, 1)]  # fmt: skip
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert len(ht.TuneCache(path, environment=ENV).entries) == 400
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "unreadable"),
+    ("[1, 2]", "JSON list"),
+    (None, "1 malformed entries"),
+])  # fmt: skip
+def test_a_damaged_cache_falls_back_to_the_rule_with_one_warning(tmp_path, text, words):
+    """A file that is not JSON, not an object, or an entry without what a hit needs: one
+    TuneCacheWarning naming the file, the rule's choice runs (no JSONDecodeError, KeyError or
+    AttributeError), and the next store rewrites the file whole."""
+    import json
+    import warnings
+
+    path = tmp_path / "t.json"
+    base = get("igemm_production")
+    if text is None:
+        good = ht.TuneCache(path, environment=ENV)
+        good.store(base, P2, entry("128x256x32_w2x4_s3_b1_sw2"))
+        data = json.loads(path.read_text())
+        data[good.key(base, P1)] = {"config": "128x256x32_w2x4_s3_b1_sw2"}  # no time, no rule: malformed
+        text = json.dumps(data)
+    path.write_text(text)
+    with pytest.warns(ht.TuneCacheWarning, match=words) as seen:
+        cache = ht.TuneCache(path, environment=ENV)
+    assert len(seen) == 1 and str(path) in str(seen[0].message)
+    v = ht.tuned(base, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no more warnings: the bad entry is simply not there
+        assert v.launches(P1)[0].entry == base.launches(P1)[0].entry
+    cache.store(base, P1, entry())
+    assert ht.TuneCache(path, environment=ENV).lookup(base, P1)["config"] == entry()["config"]
+
+
+def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_path, monkeypatch):
+    """A cached configuration the space cannot build (a ValueError from `tuned.supports` before)
+    runs the rule with a warning naming the file; with a GPU, a cached choice is checked once per
+    (problem, choice) with `helpers.check.check` and one that fails runs the rule too."""
+    import importlib
+
+    hk = importlib.import_module("helpers.check")  # the module (helpers.check is also the function's name)
+    base = get("igemm_production")
+    cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    cache.store(base, P1, entry("no_such_tile_sw9"))
+    v = ht.tuned(base, cache)
+    with pytest.warns(ht.TuneCacheWarning, match=r"t\.json.*'no_such_tile_sw9'"):
+        assert v.supports(P1, smem_limit=227 * 1024) is None
+    assert v.launches(P1)[0].entry == base.launches(P1)[0].entry
+
+    cfg = "128x256x32_w2x4_s3_b1_sw2"
+    cache.store(base, P2, entry(cfg))
+    checked = []
+    verdicts = {True: SimpleNamespace(ok=True, reason=""), False: SimpleNamespace(ok=False, reason="planted")}
+    monkeypatch.setattr(gpu, "has_gpu", lambda: True)
+    for ok in (True, False):
+        monkeypatch.setattr(hk, "check", lambda var, p, ok=ok: checked.append((var.name, p)) or verdicts[ok])
+        v = ht.tuned(base, cache)
+        if ok:
+            for _ in range(3):
+                assert v.launches(P2)[0].entry == "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16"
+            assert len(checked) == 1 and cfg in checked[0][0]  # once per problem and choice
+        else:
+            with pytest.warns(ht.TuneCacheWarning, match="failed the check"):
+                assert v.launches(P2)[0].entry == base.launches(P2)[0].entry
+
+
 def test_source_hash_follows_includes():
     """14_dgrad.cu includes 13_igemm_production.cu: both hashes differ, and each is stable."""
     assert hc.source_hash("14_dgrad.cu") == hc.source_hash("14_dgrad.cu")
@@ -202,18 +298,25 @@ def test_a_tile_built_alone_compiles_to_its_one_entry_without_spills():
 # ---- the search with a stand-in GPU -------------------------------------------------------------------------
 
 
+def stand_in_device(monkeypatch) -> None:
+    """An H200's facts for `helpers.gpu.device_info`, and builds that take 0.5 s and do nothing."""
+    monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
+    info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
+                           l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))  # fmt: skip
+    monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
+
+
 class FakeGPU:
     """`_time_ms` from a table {config: ms} (one call per timing round, counted), outputs that
-    agree with the prior's unless the config is in ``wrong``; builds and the device stubbed."""
+    pass the check unless the config is in ``wrong``; builds, the reference and the device stubbed."""
 
     def __init__(self, monkeypatch, ms: dict, wrong=()):
         self.ms, self.wrong, self.calls = ms, set(wrong), []
         monkeypatch.setattr(ht, "_time_ms", self.time_ms)
         monkeypatch.setattr(ht, "_inputs", lambda p: ())
-        monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
-        info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
-                               l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))  # fmt: skip
-        monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
+        verdict = SimpleNamespace(reason=lambda v, out: None if bool((out == 1).all()) else "planted wrong output")
+        monkeypatch.setattr(ht.Reference, "of", classmethod(lambda cls, p, inputs: verdict))
+        stand_in_device(monkeypatch)
 
     def time_ms(self, variant, p, inputs, reps, target_ms=0.0):
         cfg = variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
@@ -253,6 +356,70 @@ def test_search_stops_early_never_picks_a_wrong_output_and_tries_variations(monk
     n = len(fake.calls)
     hit = ht.tune_problem(sp, P1, cache, keep=6)
     assert len(fake.calls) == n and hit["cache"] == "hit" and hit["config"] == row["config"]  # no timing at all
+
+
+SMALL = Conv2dProblem(N=2, C=16, H=10, W=9, K=24, R=3, S=3, padding=1, **NHWC16)
+
+
+class OneBlock:
+    """A stand-in GPU whose candidates compute the real output (the float64 reference rounded to
+    fp16) into one reused block of memory, as a caching allocator hands the block the previous
+    output just freed to the next; a candidate in ``half`` writes only the first half of it."""
+
+    def __init__(self, monkeypatch, p: Conv2dProblem, ms: dict, half=()):
+        from helpers import timing
+        from helpers import variants as hv
+        from helpers.check import reference
+
+        self.inputs = p.make_inputs(kind="normal", seed=1)
+        y = p.from_logical(reference(p, *self.inputs).to(p.torch_dtype)).reshape(-1)
+        block = torch.zeros(p.output_shape, dtype=p.torch_dtype)
+
+        def prepare(variant, problem, *inputs, cache=False):
+            cfg = variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
+
+            def plan():
+                n = y.numel() // 2 if cfg in half else y.numel()
+                block.view(-1)[:n] = y[:n]
+
+            plan.cfg = cfg
+            return plan, block
+
+        stand_in_device(monkeypatch)
+        monkeypatch.setattr(hv, "prepare", prepare)
+        monkeypatch.setattr(timing, "time_gpu", lambda plan, warmup=1, reps=None, target_ms=0.0: plan() or
+                            SimpleNamespace(ms_p50=ms.get(plan.cfg, 1.0)))  # fmt: skip
+        monkeypatch.setattr(ht, "_inputs", lambda problem: self.inputs)
+
+
+def test_a_candidate_that_writes_half_its_output_is_never_chosen(monkeypatch, tmp_path):
+    """Every candidate's output is poisoned with NaN before it runs and checked against the float64
+    reference with the harness's bound: the fastest candidate, which writes half its grid, fails
+    (its other half was the previous candidate's output, which "agreed" with the prior's before)
+    and is counted as disagreeing; the search picks the fastest correct one, also exhaustively."""
+    sp, names = toy_space()
+    ms = {names[0]: 1.0, names[1]: 0.5, names[2]: 0.3, names[3]: 0.9}
+    OneBlock(monkeypatch, SMALL, ms, half=[names[2]])
+    row = ht.tune_problem(sp, SMALL, ht.TuneCache(tmp_path / "t.json", environment=ENV), keep=6, exhaustive=True)
+    assert row["config"] == names[1] and row["disagreed"] == 1
+    assert row["best_config"] == names[1] and math.isnan(row["sweep"][names[2]][1])
+
+
+def test_the_reference_sees_a_dropped_tap_and_passes_the_rule():
+    """`Reference.reason` is the harness's verdict: the exact output passes, one with an element
+    off by a tap's worth fails on the bound, one with a NaN fails on it."""
+    v = get("igemm_production")
+    inputs = SMALL.make_inputs(kind="normal", seed=1)
+    from helpers.check import reference
+
+    y = SMALL.from_logical(reference(SMALL, *inputs).to(torch.float16))
+    ref = ht.Reference.of(SMALL, inputs)
+    assert ref.expected is not None and ref.reason(v, y) is None
+    off = y.clone()
+    off.view(-1)[7] += 0.5
+    assert "rounding bound" in ref.reason(v, off)
+    off.view(-1)[7] = float("nan")
+    assert "NaN/Inf" in ref.reason(v, off)
 
 
 def test_pruned_search_keeps_the_prior_and_exhaustive_finds_what_pruning_missed(monkeypatch):
