@@ -13,8 +13,10 @@ not take it is refused (and the run exits 1). Writes ``benchmarks/results/<gpu>/
 torch, cuDNN and pycuda versions.
 The CSV is written after every problem, so an interrupted run (Ctrl-C: exit 130) keeps what it
 measured; a fault in one (variant, problem) is recorded as its row and the run goes on.
-Exit status: 0 if every check passed, 1 if any failed or faulted, or if a variant named with
-``--variants`` ran on no problem of the suite; 2 without an NVIDIA GPU or on bad arguments.
+Exit status: 0 if every check passed, 1 if any failed or faulted, if no (variant, problem) pair
+was checked at all (every one refused: e.g. ``--suite depthwise --dtype fp16 --layout NHWC``), or
+if a variant named with ``--variants`` ran on no problem of the suite; 2 without an NVIDIA GPU or
+on bad arguments.
 """
 
 from __future__ import annotations
@@ -167,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.variants and idle:  # asked for by name, yet nothing was checked or timed
         print(f"\npython -m benchmarks: {', '.join(idle)} ran on no problem of the {args.suite} suite "
               f"({', '.join(sorted(set(df.status[df.variant.isin(idle)].str.split(':').str[0])))})",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    ours = df[df.status != "baseline"]
+    done = ours.ms_p50.notna() if args.no_check else ours.ok.notna()
+    if vs and not done.any():  # every (variant, problem) pair refused or skipped: nothing was checked
+        why = ", ".join(sorted(set(ours.status.astype(str).str.split(":").str[0]))) or "no rows"
+        pinned = " ".join(s for s in (args.dtype, args.layout) if s)
+        print(f"\npython -m benchmarks: no variant was {'timed' if args.no_check else 'checked'} on any problem of "
+              f"the {args.suite} suite{' in ' + pinned if pinned else ''} ({why}): nothing was verified",
               file=sys.stderr)  # fmt: skip
         return 1
     return 0

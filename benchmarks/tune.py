@@ -30,6 +30,17 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: an int of 1 or more (0 used to be taken as the default silently)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1 candidate must be timed")
+    return n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from helpers.suites import SUITES
 
@@ -39,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="dtype (default: fp16)")
     ap.add_argument("--layout", default="NHWC", choices=["NHWC"], help="layout (default: NHWC)")
     ap.add_argument("--budget", type=float, default=None, help="seconds per variant; later problems are left")
-    ap.add_argument("--keep", type=int, default=None, help="candidates timed after pruning (default: tune.KEEP)")
+    ap.add_argument("--keep", type=at_least_one, default=None,
+                    help="candidates timed after pruning, 1 or more (default: tune.KEEP)")  # fmt: skip
     ap.add_argument("--exhaustive", action="store_true", help="also time every candidate (the best_ms column)")
     ap.add_argument("--cache", type=Path, default=None, help="cache file (default: tune.default_cache_path())")
     ap.add_argument("--cold", action="store_true", help="start from an empty cache (a temporary file)")
@@ -128,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for space in spaces:
         t0 = time.perf_counter()
-        keep = args.keep or tune.KEEP
+        keep = tune.KEEP if args.keep is None else args.keep
         df = tune.tune(space.variant, problems, cache, keep=keep, exhaustive=args.exhaustive,
                        budget_s=args.budget, progress=not args.no_progress)  # fmt: skip
         wall_s = time.perf_counter() - t0

@@ -25,7 +25,9 @@ import re
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
+from helpers import gpu
 from helpers.compile import kernel_path
 from helpers.epilogue import Epilogue, scalars
 from helpers.problem import Conv2dProblem
@@ -264,18 +266,25 @@ def group_rows(p: Conv2dProblem) -> int:
     return GROUP_M if p.K * p.R * p.S * p.C * p.itemsize > _l2_bytes() / 2 else 1
 
 
+def _properties():
+    """torch's properties of the kernels' device (`helpers.gpu.context_device`), or None without a
+    GPU. Read through torch, not pycuda: `supports` runs before `helpers.variants.prepare`'s tensor
+    checks and must not initialise pycuda's context (`helpers.variants._make_static`)."""
+    if not gpu.has_gpu():
+        return None
+    return torch.cuda.get_device_properties(gpu.context_device().index)
+
+
 def _sms() -> int:
     """The GPU's multiprocessors, or `DEFAULT_SMS` without a GPU to ask."""
-    from helpers import gpu
-
-    return gpu.device_info().sms if gpu.has_gpu() else DEFAULT_SMS
+    props = _properties()
+    return props.multi_processor_count if props is not None else DEFAULT_SMS
 
 
 def _l2_bytes() -> int:
     """The GPU's L2 in bytes, or `DEFAULT_L2` without a GPU to ask."""
-    from helpers import gpu
-
-    return (gpu.device_info().l2_bytes or DEFAULT_L2) if gpu.has_gpu() else DEFAULT_L2
+    props = _properties()
+    return (props.L2_cache_size or DEFAULT_L2) if props is not None else DEFAULT_L2
 
 
 def tile_coords(t: np.ndarray, tiles_m: int, tiles_n: int, group_m: int) -> tuple[np.ndarray, np.ndarray]:

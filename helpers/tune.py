@@ -248,9 +248,14 @@ def prune(candidates: list[Candidate], keep: int = KEEP) -> list[Candidate]:
 
     Why families: measured against day 13's exhaustive sweep on ResNet-50 (day 15), the model
     orders the tiles of one block shape well but misjudges one shape against another (it favours
-    8-warp and 256-wide tiles), so each shape's favourite is worth a short timing."""
+    8-warp and 256-wide tiles), so each shape's favourite is worth a short timing.
+
+    Raises:
+        ValueError: ``keep`` < 1."""
+    if keep < 1:
+        raise ValueError(f"keep = {keep}: at least 1 candidate must be timed")
     ranked = sorted(candidates, key=lambda c: c.model_us)
-    out = ranked[: max(keep, 1)]
+    out = ranked[:keep]
     families = {c.family for c in out}
     for c in ranked[len(out) :]:
         if c.family not in families or c.prior:

@@ -446,8 +446,10 @@ class _Static:
 def _make_static(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict,
                  epilogue: Epilogue) -> _Static:  # fmt: skip
     """Every check `prepare` makes before compiling, in order, then the build: shape-level
-    `Variant.supports` (no GPU call); `_check_call`; `supports` with the device's shared-memory
-    limit and compute capability; the current stream; the workspace; `compile_launches`."""
+    `Variant.supports` (no pycuda call: a day may read device facts through torch, as day 16 reads
+    the SM count and L2 size for its grid and tile order); `_check_call`; `supports` with the
+    device's shared-memory limit and compute capability; the current stream; the workspace;
+    `compile_launches`."""
     reason = v.supports(problem, smem_limit=2**31)  # shape-level reasons first, before any GPU call
     if reason:
         raise UnsupportedProblem(reason)

@@ -219,6 +219,38 @@ def test_a_named_variant_that_ran_on_nothing_exits_1(tmp_path: Path, monkeypatch
         assert rc == 1 and "naive ran on no problem of the quick suite (unsupported)" in err
 
 
+def test_a_run_that_checked_nothing_exits_1(tmp_path: Path, monkeypatch, capsys):
+    """``--suite depthwise --dtype fp16 --layout NHWC``: every fp16 NHWC variant refuses every
+    depthwise problem, so no (variant, problem) pair is checked; the run exits 1 with the reason
+    (it exited 0). The bench stand-in refuses every pair, as the real one does there."""
+    import importlib
+
+    import pandas as pd
+
+    from benchmarks.__main__ import default_variants, main, parse_args
+    from helpers.suites import suite
+
+    args = ["--suite", "depthwise", "--dtype", "fp16", "--layout", "NHWC"]
+    vs = default_variants(parse_args(args))
+    probs = suite("depthwise", dtype="fp16", layout="NHWC")
+    refused = {(v.name, p.name): v.supports(p, smem_limit=2**31) for v in vs for p in probs}
+    assert vs and all(refused.values())
+    hb = stand_in_gpu(monkeypatch)
+    monkeypatch.setattr(importlib.import_module("benchmarks.plot"), "redraw", lambda csv: csv)
+
+    def bench(vs, probs, **kw):
+        return pd.DataFrame([
+            {"variant": "cudnn", "problem": p.name, "ok": None, "status": "baseline", "ms_p50": 1.0, "x_cudnn": 1.0,
+             "tflops": 1.0} for p in probs
+        ] + [{"variant": v.name, "problem": p.name, "ok": None, "status": f"unsupported: {refused[v.name, p.name]}",
+              "ms_p50": None, "x_cudnn": None, "tflops": None} for v in vs for p in probs])  # fmt: skip
+
+    monkeypatch.setattr(hb, "bench", bench)
+    rc = main([*args, "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "no variant was checked on any problem of the depthwise suite in fp16 NHWC (unsupported)" in err
+
+
 def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 

@@ -591,3 +591,17 @@ def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_pr
         replace(P1, op="dgrad", name=""), smem_limit=227 * 1024)  # fmt: skip
     with pytest.raises(ValueError, match="swizzle = 7"):
         dg.make_dgrad("x", swizzle=7)
+
+
+@pytest.mark.parametrize("keep", ["0", "-3", "two"])
+def test_keep_below_one_is_refused(keep, capsys):
+    """``--keep 0`` was taken as the default 8 silently (``args.keep or KEEP``); 0, a negative
+    count or no integer is an argument error now, and `prune` refuses keep < 1."""
+    from benchmarks.tune import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--keep", keep])
+    assert e.value.code == 2 and "--keep" in capsys.readouterr().err
+    assert parse_args(["--keep", "1"]).keep == 1 and parse_args([]).keep is None
+    with pytest.raises(ValueError, match="at least 1"):
+        ht.prune(space.candidates(P1, ht.H200), 0)

@@ -558,3 +558,27 @@ def test_setmaxnreg_stays_within_the_launch_allocation():
     two = [c for c in specialised if c.consumers == 2]
     planted = 128 * 48 + 256 * setmaxnreg_targets(BY_NAME["persistent_256x128_c2_s4"])[1]
     assert two and all(planted > regs[c.entry("fp16")] * c.threads for c in two)
+
+
+def test_supports_reads_the_device_through_torch_not_pycuda(monkeypatch):
+    """`prepare` asks the shape-level `supports` before its tensor checks, promising no pycuda call
+    there; day 16's grid needs the SM count and its tile order the L2 size, which it now reads from
+    torch's device properties (it called `helpers.gpu.device_info`, which initialises pycuda)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers import gpu
+
+    def pycuda(*a, **k):
+        raise AssertionError("pycuda was initialised by supports")
+
+    monkeypatch.setattr(gpu, "has_gpu", lambda: True)
+    monkeypatch.setattr(gpu, "init", pycuda)
+    monkeypatch.setattr(gpu, "device_info", pycuda)
+    props = SimpleNamespace(multi_processor_count=100, L2_cache_size=40 * 2**20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    p = nhwc(N=8, C=256, H=28, W=28, K=256, R=3, S=3, padding=1)
+    assert V.supports(p, smem_limit=2**31) is None
+    cfg = choose(p)
+    assert cfg.mode == "persistent" and V.launch(p).grid[0] == min(tile_count(p, cfg), 100)
