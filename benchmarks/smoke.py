@@ -10,7 +10,8 @@ Each variant runs `helpers.check.check` (normal and exact integer inputs) on the
 of `SMALL`, adapted to its layout and dtype, that it claims on this GPU; small enough that the
 sanitizers (tens of times slower) finish in seconds. With ``--configs`` a variant that compiles
 several configurations (``Variant.configs_fn``, e.g. day 16's schedules and tiles) runs each of
-them forced instead of its automatic choice. Prints one line per variant.
+them forced instead of its automatic choice (day 16: and each schedule that loops over tiles on a
+grid of one block, or one pair, so each block takes several tiles). Prints one line per variant.
 
 Exit status: 0 if every variant passed, 1 if any failed or claimed none of the problems, 2
 without a GPU or on an unknown variant.
@@ -24,13 +25,15 @@ import sys
 from helpers.problem import Conv2dProblem
 
 # Small problems that divide no tile, in the order tried: a "same" conv (days 01-06), a strided
-# dilated one, few channels, a depthwise one, a tensor-core-friendly one (C % 8 == 0, K % 8 == 0).
+# dilated one, few channels, a depthwise one, a tensor-core-friendly one (C % 8 == 0, K % 8 == 0)
+# whose 612 x 136 GEMM gives a block of day 16's schedules on a grid of one block (`--configs`:
+# `days.day16_igemm_wgmma.capped`) several tiles.
 SMALL = [
     Conv2dProblem(N=2, C=3, H=13, W=11, K=5, R=3, S=3, padding=1),
     Conv2dProblem(N=2, C=6, H=13, W=11, K=10, R=3, S=2, stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
     Conv2dProblem(N=1, C=3, H=17, W=15, K=8, R=5, S=5, padding=2),
     Conv2dProblem(N=2, C=8, H=11, W=9, K=8, R=3, S=3, padding=1, groups=8),
-    Conv2dProblem(N=2, C=16, H=9, W=10, K=24, R=3, S=3, padding=1),
+    Conv2dProblem(N=2, C=16, H=17, W=18, K=136, R=3, S=3, padding=1),
 ]
 
 

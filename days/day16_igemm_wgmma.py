@@ -393,6 +393,15 @@ CHECK_PROBLEMS = [
     _nhwc(N=2, C=136, H=12, W=12, K=257, R=3, S=3, padding=1, stride=(2, 1)),
 ]
 
+# Problems of several tiles per block for every schedule on a capped grid (`capped`): GEMM-M of 612
+# and 1,200 pixels (3 to 19 m-tiles), K = 136 (1 to 3 n-tiles, the last partial), 9 and 18 GEMM-K
+# steps per tile, so the ring wraps within a tile and across tiles; the first is also the smoke
+# problem the sanitizers run (x under 10,000 elements).
+MULTI_TILE_PROBLEMS = [
+    _nhwc(N=2, C=16, H=17, W=18, K=136, R=3, S=3, padding=1),
+    _nhwc(N=2, C=72, H=24, W=25, K=136, R=3, S=3, padding=1, dilation=(2, 1)),
+]
+
 # Problems beyond the kernel's limits, each with a word of the reason it is refused with.
 BEYOND_LIMITS = [
     (_nhwc(N=1, C=3, H=16, W=16, K=8, R=3, S=3, padding=1), "C % 8"),
@@ -442,8 +451,31 @@ def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = Non
         min_cc=HOPPER_CC,
         min_cc_why="wgmma, setmaxnreg and the bulk tensor copy in im2col mode",
         arch_suffix="a",
-        configs_fn=None if config is not None else lambda: [make_wgmma(f"{name}[{c.name}]", c) for c in ENTRIES],
+        configs_fn=None if config is not None else lambda: [
+            *(make_wgmma(f"{name}[{c.name}]", c) for c in ENTRIES),
+            *(capped(c, 1, name) for c in ENTRIES if c.mode in PERSISTENT_MODES),
+        ],
     )
+
+
+def capped(config: WgmmaConfig | str, units: int, name: str = "igemm_wgmma") -> Variant:
+    """``config`` forced with its grid capped to ``units`` blocks (pairs of blocks for ``cluster``
+    and ``cluster_a``), so that on a problem of more tiles than that every block (pair) loops over
+    several: the ring's phases run on across tiles, ping-pong's consumers take turns more than once
+    and reuse their staging buffers, a cluster pair walks several pair tiles. Named
+    ``<name>[<config>]_grid<blocks>``; for the tests and the sanitizers (`MULTI_TILE_PROBLEMS`).
+
+    Raises:
+        ValueError: a schedule whose blocks do not loop over tiles (one tile per block), or units < 1.
+    """
+    cfg = BY_NAME[config] if isinstance(config, str) else config
+    if cfg.mode not in PERSISTENT_MODES or units < 1:
+        raise ValueError(f"{cfg.name}: only the schedules whose blocks loop over tiles ({', '.join(PERSISTENT_MODES)}) "
+                         f"can run on a capped grid, of 1 unit or more; got {units}")  # fmt: skip
+    blocks = units * (CLUSTER if cfg.mode in CLUSTER_MODES else 1)
+    v = make_wgmma(f"{name}[{cfg.name}]", cfg)
+    return v.with_output_launch(lambda launch: replace(launch, grid=(min(launch.grid[0], blocks), 1, 1)),
+                                name=f"{v.name}_grid{blocks}")  # fmt: skip
 
 
 register(make_wgmma())

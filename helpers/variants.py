@@ -135,8 +135,9 @@ class Variant:
     min_cc: tuple[int, int] = (7, 5)  # oldest compute capability it builds for (CUDA 13: sm_75)
     min_cc_why: str = ""  # what needs min_cc, for the refusal
     arch_suffix: str = ""  # "a": built for sm_XYa (wgmma, TMA), which runs on exactly that GPU
-    # The variant forced to each configuration it compiles, for runs that must see them all
-    # (``python -m benchmarks.smoke --configs`` under the sanitizers); None: it has one.
+    # The variant forced to each configuration it compiles (and, where a block loops over tiles,
+    # on a capped grid), for runs that must see them all (``python -m benchmarks.smoke --configs``
+    # under the sanitizers); None: it has one.
     configs_fn: Callable[[], list[Variant]] | None = None
 
     # ---- what it takes ----------------------------------------------------------------------

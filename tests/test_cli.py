@@ -281,14 +281,17 @@ def test_every_variant_has_a_smoke_problem():
 
 def test_smoke_configs_expands_the_variants_with_several(monkeypatch, capsys):
     """``--configs`` replaces day 16's automatic variant by each of its compiled configurations
-    (the sanitizers must see them all); without a GPU the run stops with status 2 after that."""
+    and each schedule that loops over tiles on a grid of one block (a pair for the clusters): the
+    sanitizers must see them all; without a GPU the run stops with status 2 after that."""
     import benchmarks.smoke as smoke
-    from days.day16_igemm_wgmma import ENTRIES
+    from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES
     from helpers import gpu, variants
 
     v = variants.get("igemm_wgmma")
     forced = v.configs_fn()
-    assert [c.name for c in forced] == [f"igemm_wgmma[{e.name}]" for e in ENTRIES]
+    loops = [e for e in ENTRIES if e.mode in PERSISTENT_MODES]
+    assert [c.name for c in forced] == [f"igemm_wgmma[{e.name}]" for e in ENTRIES] + [
+        f"igemm_wgmma[{e.name}]_grid{2 if e.mode.startswith('cluster') else 1}" for e in loops]
     assert all(c.configs_fn is None for c in forced)
     assert variants.get("igemm_production").configs_fn is None
     seen = []

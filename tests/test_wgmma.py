@@ -30,6 +30,9 @@ from days.day16_igemm_wgmma import (
     ENTRIES,
     HOPPER_CC,
     MODES,
+    MULTI_TILE_PROBLEMS,
+    PERSISTENT_MODES,
+    capped,
     choose,
     grid_blocks,
     last_wave_fill,
@@ -99,6 +102,33 @@ def test_persistent_grid_smaller_than_the_tiles_still_covers():
         assert (v.covers_fn(p, cfg) == 1).all(), grid
     one = FORCED["specialised_128x256_c2_s4"]
     assert one.launch(p).grid[0] == 392
+
+
+@pytest.mark.parametrize("units", [1, 2])
+@pytest.mark.parametrize("p", MULTI_TILE_PROBLEMS, ids=lambda p: p.name)
+def test_capped_grids_give_every_block_several_tiles(p, units):
+    """The multi-tile cases of the GPU tests and the sanitizers (`capped`): on a grid of one or two
+    blocks (pairs) every schedule that loops over tiles still writes each output once, and the first
+    block (pair) takes at least two work items, ping-pong's consumers at least two tiles each (a
+    second turn, reused staging buffers); the first problem is the smoke run's for each of them."""
+    from benchmarks.smoke import smoke_problem
+
+    for cfg in ENTRIES:
+        if cfg.mode not in PERSISTENT_MODES:
+            with pytest.raises(ValueError, match="loop over tiles"):
+                capped(cfg, units)
+            continue
+        v = capped(cfg, units)
+        assert v.supports(p, smem_limit=2**31) is None
+        launch = v.launch(p)
+        pair = cfg.mode in CLUSTER_MODES
+        assert launch.grid[0] == units * (2 if pair else 1)
+        assert (v.covers(p) == 1).all(), v.name
+        items = pair_tiles(p, cfg) if pair else tile_count(p, cfg)
+        most = -(-items // units)  # the first block (pair) takes the most
+        assert most >= (4 if cfg.mode == "pingpong" else 2), (v.name, p.name, items)
+        if units == 1:
+            assert smoke_problem(v, smem_limit=227 * 1024, cc=HOPPER_CC) == replace(MULTI_TILE_PROBLEMS[0], name="")
 
 
 def test_pingpong_deals_each_blocks_tiles_to_its_two_consumers():

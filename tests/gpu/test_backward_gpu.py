@@ -288,3 +288,31 @@ def test_a_cached_plan_runs_on_new_tensors(name: str):
     plan()
     want = run(name, p, *b)
     assert bitwise_equal(out_b, want) and not bitwise_equal(out_a, want)
+
+
+def test_a_misaligned_filter_on_the_transposed_vector_path_is_refused_not_a_fault(misaligned):
+    """C and K multiples of 8 with R > 16 take the transposed path, whose filter kernel reads w in
+    16-byte loads: a w 2 bytes off is refused before any launch (it faulted and poisoned the
+    context), and the context still runs a check afterwards."""
+    p = Conv2dProblem(N=1, C=16, H=24, W=8, K=16, R=17, S=1, padding=(8, 0), op="dgrad", **NHWC)
+    assert not dg.in_place(p)
+    dy, w = p.make_inputs(device="cuda")
+    with pytest.raises(ValueError, match=r"w\.data_ptr\(\) is not 16-byte aligned"):
+        run("dgrad", p, dy, misaligned(w))
+    r = check("dgrad", p)
+    assert r.ok, r.reason
+
+
+def test_a_gradient_penalty_through_the_kernels_raises_torchs_error():
+    """The backward's kernels write tensors with no graph: a second derivative (create_graph=True)
+    raises torch's once_differentiable error instead of silently dropping the penalty's share."""
+    from days.day14_backward import train
+
+    x = torch.randn(2, 16, 10, 9, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    w.requires_grad_()
+    loss = train.conv2d(x, w, padding=1).float().square().sum()
+    (dx,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        (loss + dx.float().square().sum()).backward()

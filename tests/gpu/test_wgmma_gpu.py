@@ -1,5 +1,7 @@
 """Day 16's Hopper kernel on a GPU (sm_90a: an H100 or H200; tests/test_wgmma.py is the CPU half).
 
+* every schedule that loops over tiles on a grid of one and two blocks (pairs), on problems of several
+  tiles per block (`capped`, `MULTI_TILE_PROBLEMS`): the ring across tiles, ping-pong's turns;
 * every instantiated configuration (the ladder: one warpgroup, specialised, persistent, ping-pong), and
   per schedule one in groups of 3 m-tiles (`OPTIONS`, the tile order `choose` takes for large filters), on NHWC
   problems that divide no tile, with stride, padding and dilation on either axis, C = 8 .. 256
@@ -22,7 +24,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from days.day16_igemm_wgmma import BEYOND_LIMITS, CHECK_PROBLEMS, ENTRIES, HOPPER_CC, make_wgmma
+from days.day16_igemm_wgmma import (
+    BEYOND_LIMITS,
+    CHECK_PROBLEMS,
+    ENTRIES,
+    HOPPER_CC,
+    MULTI_TILE_PROBLEMS,
+    PERSISTENT_MODES,
+    capped,
+    make_wgmma,
+)
 from helpers import compile as hc
 from helpers import gpu
 from helpers.check import check, compare
@@ -79,6 +90,32 @@ def _edge_cases():
 
 
 EDGE = list(_edge_cases())
+
+# every schedule that loops over tiles on a grid of one and of two blocks (pairs for the clusters):
+# each block takes several tiles, so the ring's phases cross tiles, ping-pong's consumers take
+# turns more than once and reuse their staging buffers, and a pair walks several pair tiles
+CAPPED = {v.name: v for c in ENTRIES if c.mode in PERSISTENT_MODES for v in (capped(c, 1), capped(c, 2))}
+MULTI_TILE_CASES = [
+    pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
+    for name in CAPPED
+    for p in MULTI_TILE_PROBLEMS
+    for dt in DTYPES
+    for kind in ("normal", "int")
+]
+
+
+@pytest.mark.parametrize("name, p, kind", MULTI_TILE_CASES)
+def test_several_tiles_per_block(name, p, kind):
+    _assert_ok(check(CAPPED[name], p, kind=kind), p, kind)
+
+
+def test_several_tiles_per_block_with_the_fused_epilogue():
+    """A capped ping-pong block stores its tiles through the fused epilogue (in-place Cin, bias,
+    ReLU) in turn with its other consumer, reusing its staging buffers across tiles."""
+    v = capped("pingpong_128x128_c2_s6", 1)
+    p = MULTI_TILE_PROBLEMS[1]
+    r = check_epilogue(v, p, Epilogue(alpha=1.0, beta=1.0, relu=True), in_place=True)
+    _assert_ok(r, p, "normal")
 
 
 def test_the_edge_suite_has_problems_for_it():
