@@ -14,8 +14,8 @@ profiler). Writes ``benchmarks/results/<gpu>/tune_<suite>_<variant>_<dtype>_<lay
 row per problem, with the versions (and with ``--exhaustive`` the sweep itself, one row per
 problem and configuration, in ``..._sweep.csv``), and prints the summary (geomean x cuDNN of the tuned choice
 and of the rule; with ``--exhaustive`` the tuned time over the sweep's best).
-Exit status: 0 if every problem was tuned, 1 if any faulted or ran over the budget, 2 without a
-GPU or on bad arguments.
+Exit status: 0 if every problem was tuned, 1 if any faulted, ran over the budget or found the
+rule's own pick wrong (it failed the float64 check), 2 without a GPU or on bad arguments.
 """
 
 from __future__ import annotations

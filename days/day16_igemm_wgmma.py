@@ -186,22 +186,30 @@ def problem_reason(p: Conv2dProblem, cfg: WgmmaConfig) -> str | None:
         return f"GEMM-M = {m} (+ one tile) or the GEMM-K steps do not fit the kernel's 32-bit indices"
     if tiles + 2 * grid_blocks(p, cfg) > INT32_MAX or cfg.group_m * cdiv(p.K, cfg.bn) > INT32_MAX:
         return f"{tiles} output tiles (+ two rounds of the grid) do not fit the kernel's 32-bit tile indices"
-    ring = ring_steps(p, cfg)
-    if ring > INT32_MAX:
-        return (f"a block's ring steps, (tiles per block + 1) x GEMM-K steps = {ring}, do not fit the kernel's "
-                f"32-bit ring counter u (at most {INT32_MAX})")  # fmt: skip
-    return None
+    return ring_reason(p, cfg)
 
 
-def ring_steps(p: Conv2dProblem, cfg: WgmmaConfig) -> int:
+def ring_reason(p: Conv2dProblem, cfg: WgmmaConfig, blocks: int | None = None) -> str | None:
+    """None if the kernel's 32-bit ring counter holds `ring_steps` on a grid of ``blocks`` (default
+    `grid_blocks`), else the reason."""
+    ring = ring_steps(p, cfg, blocks)
+    if ring <= INT32_MAX:
+        return None
+    return (f"a block's ring steps, (tiles per block + 1) x GEMM-K steps = {ring}, do not fit the kernel's "
+            f"32-bit ring counter u (at most {INT32_MAX})")  # fmt: skip
+
+
+def ring_steps(p: Conv2dProblem, cfg: WgmmaConfig, blocks: int | None = None) -> int:
     """The largest value the kernel's ``int u`` (ring steps of one block, counted across all its
     tiles) can take, plus one tile: (work items per block + 1) x GEMM-K steps, the work items the
-    output tiles (pair tiles for ``cluster`` and ``cluster_a``) dealt out over the grid (pairs).
-    The + 1: a ping-pong consumer starts at its partner's first tile and skips each of its tiles."""
+    output tiles (pair tiles for ``cluster`` and ``cluster_a``) dealt out over the grid's
+    ``blocks`` (default `grid_blocks`; pairs of them for the clusters). The + 1: a ping-pong
+    consumer starts at its partner's first tile and skips each of its tiles."""
+    blocks = grid_blocks(p, cfg) if blocks is None else blocks
     if cfg.mode in CLUSTER_MODES:
-        items, blocks = pair_tiles(p, cfg), grid_blocks(p, cfg) // CLUSTER
+        items, blocks = pair_tiles(p, cfg), blocks // CLUSTER
     else:
-        items, blocks = tile_count(p, cfg), grid_blocks(p, cfg)
+        items = tile_count(p, cfg)
     return (cdiv(items, max(blocks, 1)) + 1) * p.R * p.S * cdiv(p.C, BK)
 
 
@@ -474,6 +482,8 @@ def capped(config: WgmmaConfig | str, units: int, name: str = "igemm_wgmma") -> 
                          f"can run on a capped grid, of 1 unit or more; got {units}")  # fmt: skip
     blocks = units * (CLUSTER if cfg.mode in CLUSTER_MODES else 1)
     v = make_wgmma(f"{name}[{cfg.name}]", cfg)
+    ring = lambda p: ring_reason(p, cfg, min(blocks, grid_blocks(p, cfg)))  # noqa: E731 - the capped grid's
+    v = replace(v, supports_fn=lambda p: problem_reason(p, cfg) or ring(p))
     return v.with_output_launch(lambda launch: replace(launch, grid=(min(launch.grid[0], blocks), 1, 1)),
                                 name=f"{v.name}_grid{blocks}")  # fmt: skip
 

@@ -260,13 +260,13 @@ def expected(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The float64 reference of the whole output and its scale |op|(|a|, |b|) (both logical
     layout, on a's device), made once to `compare` many outputs of one problem (the tuner's
-    candidates); None when the output has more than ``max_elems`` elements (then `compare`
-    works band by band on each call).
+    candidates); None when the inputs and output together have more than ``max_elems`` elements
+    (the float64 copies one call makes: then `compare` works band by band on each call).
 
     Args:
         problem, a, b: as for `reference`.
     """
-    if math.prod(problem.output_shape) > max_elems:
+    if a.numel() + b.numel() + math.prod(problem.output_shape) > max_elems:
         return None
     p = problem
     _check_inputs(p, a, b)

@@ -239,29 +239,19 @@ def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
         lib.cuModuleUnload(mod)
 
 
-_hashes: dict = {}  # kernel path -> (its include closure's (path, mtime_ns, size), its source_hash)
+_hashes: dict = {}  # kernel path -> (its include closure's `_signature`, its source_hash)
 
 
 def _signature(paths) -> tuple:
-    return tuple((p, st.st_mtime_ns, st.st_size) for p in paths for st in [os.stat(p)])
+    """(path, mtime_ns, ctime_ns, size, inode) of each file: an edit changes the modification
+    time or, where it keeps it (``touch -r``, ``cp -p``, ``tar``), the change time; a file
+    replaced by a rename gets a new inode."""
+    return tuple((p, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino) for p in paths for st in [os.stat(p)])
 
 
-def source_hash(cu_file: str) -> str:
-    """SHA-256 (hex) of ``cu_file`` and every file of ``kernels/conv2d`` it includes, recursively
-    (``#include "..."``): what a compiled module, a plan or a tuned choice of this kernel depends
-    on, and the key of every such cache.
-
-    Memoised per file and re-read when any file of that closure changes its modification time or
-    size (the test Python's own bytecode cache makes), so a call costs a few ``stat`` calls.
-    """
-    top = str(KERNEL_DIR / cu_file)
-    memo = _hashes.get(top)
-    if memo is not None:
-        try:
-            if _signature(p for p, _, _ in memo[0]) == memo[0]:
-                return memo[1]
-        except FileNotFoundError:  # a file of the closure is gone: the includes changed
-            pass
+def _closure(cu_file: str) -> tuple[list[Path], bytes]:
+    """The files ``cu_file`` includes from ``kernels/conv2d``, itself first, recursively, and the
+    bytes `source_hash` hashes (each file's name and text, in path order)."""
     seen: list[Path] = []
     todo = [kernel_path(cu_file)]
     while todo:
@@ -272,11 +262,34 @@ def source_hash(cu_file: str) -> str:
         for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M):
             if (KERNEL_DIR / inc).is_file():
                 todo.append(KERNEL_DIR / inc)
-    h = hashlib.sha256()
-    for path in sorted(seen):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    digest = h.hexdigest()
-    _hashes[top] = (_signature(str(p) for p in sorted(seen)), digest)
+    return seen, b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0" for p in sorted(seen))
+
+
+def source_hash(cu_file: str) -> str:
+    """SHA-256 (hex) of ``cu_file`` and every file of ``kernels/conv2d`` it includes, recursively
+    (``#include "..."``): what a compiled module, a plan or a tuned choice of this kernel depends
+    on, and the key of every such cache.
+
+    Memoised per file: a call costs a ``stat`` per file of the closure, and the files are read
+    and hashed again when any of them changed (`_signature`, taken before and after the read, so
+    an edit during the read is never stored with the old text).
+    """
+    top = str(KERNEL_DIR / cu_file)
+    memo = _hashes.get(top)
+    if memo is not None:
+        try:
+            if _signature(entry[0] for entry in memo[0]) == memo[0]:
+                return memo[1]
+        except FileNotFoundError:  # a file of the closure is gone: the includes changed
+            pass
+    while True:
+        files, text = _closure(cu_file)
+        before = _signature(str(p) for p in sorted(files))
+        files, text = _closure(cu_file)  # read after the signature: an edit now changes the next one
+        if _signature(str(p) for p in sorted(files)) == before:
+            break
+    digest = hashlib.sha256(text).hexdigest()
+    _hashes[top] = (before, digest)
     return digest
 
 

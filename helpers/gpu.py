@@ -35,20 +35,22 @@ def has_gpu() -> bool:
         return False
 
 
-def init(device: int = 0):
+def init(device: int | None = None):
     """Make the device's primary context current for pycuda (and ``device`` torch's current
-    device); return it. Idempotent. Every kernel of the series runs in this one context, so every
-    tensor passed to one must be on this device (`context_device`; `helpers.variants.check_tensors`).
+    device); return it. Idempotent: ``device`` None is the context's device once there is one,
+    else device 0. Every kernel of the series runs in this one context, so every tensor passed to
+    one must be on its device (`context_device`; `helpers.variants.check_tensors`).
 
     Raises:
         NoGPUError: no CUDA device, or pycuda is not installed / cannot load libcuda.
-        ValueError: the shared context is already on another device.
+        ValueError: the shared context is already on another device than ``device``.
     """
     global _ctx, _device
     if _ctx is not None:
-        if device != _device:
+        if device is not None and device != _device:
             raise ValueError(f"the shared context is on cuda:{_device}; one process runs its kernels on one device")
         return _ctx
+    device = 0 if device is None else device
     if not has_gpu():
         raise NoGPUError("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False)")
     torch.cuda.set_device(device)
@@ -114,7 +116,6 @@ def _release() -> None:
     while drv.Context.get_current() is not None:
         drv.Context.pop()
     _ctx = None
-_device = 0  # the device of the shared context: the one `init` was (or will be) called for
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,9 @@ _FP64_RATIO = {(6, 0): 1 / 2, (7, 0): 1 / 2, (8, 0): 1 / 2, (9, 0): 1 / 2, (7, 5
 
 
 @functools.cache
-def device_info(device: int = 0) -> DeviceInfo:
-    """Facts about CUDA device ``device``, read through pycuda's driver API.
+def device_info(device: int | None = None) -> DeviceInfo:
+    """Facts about CUDA device ``device`` (None: the shared context's, `context_device`), read
+    through pycuda's driver API.
 
     Raises:
         NoGPUError: see `init`.
@@ -163,7 +165,7 @@ def device_info(device: int = 0) -> DeviceInfo:
     init(device)
     import pycuda.driver as drv
 
-    d = drv.Device(device)
+    d = drv.Device(_device)
     a = drv.device_attribute
 
     def attr(name: str):

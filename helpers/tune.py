@@ -56,6 +56,7 @@ import pandas as pd
 import torch
 from filelock import FileLock
 
+from . import gpu
 from .problem import Conv2dProblem
 from .variants import Variant, get
 
@@ -298,6 +299,16 @@ def valid_entry(entry) -> bool:
             and isinstance(entry["model_rank"], int))  # fmt: skip
 
 
+def _file_mode(path: Path) -> int:
+    """The permission bits ``path`` has, or a new file's under the process's umask (0666 & ~umask)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 class TuneCache:
     """Tuned choices in a JSON file: {key: entry}, written after every new entry.
 
@@ -326,7 +337,7 @@ class TuneCache:
             return {}
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             if warn:
                 _warn(f"tune cache {self.path} is unreadable ({type(e).__name__}: {e}): the rule's choices run; "
                       "the next store rewrites it")  # fmt: skip
@@ -385,6 +396,7 @@ class TuneCache:
             merged = {**self._read(warn=False), key: entry}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
             try:
+                os.chmod(tmp, _file_mode(self.path))  # mkstemp makes 0600: keep a shared cache readable
                 with os.fdopen(fd, "w") as f:
                     json.dump(merged, f, indent=1, sort_keys=True)
                 os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
@@ -399,9 +411,9 @@ class TuneCache:
 
 @dataclass
 class Trial:
-    """One candidate's measurements in a search: medians (ms) of its timing rounds; none when its
-    output failed the check against the float64 reference (``status`` "disagreed", with the
-    reason) or it faulted (``status`` "error: ...")."""
+    """One candidate's measurements in a search: medians (ms) of its timing rounds; none once an
+    output failed the check against the float64 reference (``status`` "disagreed: <reason>",
+    also for a winner that fails `helpers.check.check`) or it faulted (``status`` "error: ...")."""
 
     candidate: Candidate
     ms: list[float] = field(default_factory=list)
@@ -410,6 +422,30 @@ class Trial:
     @property
     def best_ms(self) -> float:
         return min(self.ms) if self.ms else math.inf
+
+    def fail(self, status: str) -> None:
+        """Drop the candidate: no time, ``status`` says why."""
+        self.ms, self.status = [], status
+
+    def run(self, p: Conv2dProblem, inputs: tuple, ref: Reference, reps: int | None,
+            target_ms: float = 0.0) -> float | None:  # fmt: skip
+        """One timing round (``reps`` repetitions, or about ``target_ms`` of them) whose output,
+        poisoned with NaN first (`_time_ms`), is checked against ``ref``: its median (ms), also
+        kept in ``ms``, or None when the output fails or the candidate faults (a build that
+        failed, a launch error), which drops it (`fail`): the search goes on without it."""
+        if self.status != "timed":
+            return None
+        try:
+            ms, out = _time_ms(self.candidate.variant, p, inputs, reps, target_ms)
+        except Exception as e:  # noqa: BLE001 - one candidate's fault drops it, not the search
+            self.fail(f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            return None
+        reason = ref.reason(self.candidate.variant, out)
+        if reason is not None:
+            self.fail(f"disagreed: {reason}")
+            return None
+        self.ms.append(ms)
+        return ms
 
 
 def _time_ms(variant: Variant, p: Conv2dProblem, inputs: tuple, reps: int | None, target_ms: float = 0.0):
@@ -491,12 +527,50 @@ def enumerate_search(space: Space, p: Conv2dProblem, keep: int = KEEP) -> Search
     return Search(p, cands, prune(cands, keep), rank, time.perf_counter() - t0)
 
 
+def _best(trials: dict, what: str) -> Trial:
+    """The fastest trial that is still timed (the first of equals: the prior comes first).
+
+    Raises:
+        RuntimeError: none is (every one failed the check or faulted; the message says how)."""
+    live = [t for t in trials.values() if t.ms]
+    if not live:
+        why = "; ".join(f"{cfg}: {t.status}" for cfg, t in trials.items())
+        raise RuntimeError(f"no configuration of {what} passed the check: {why}"[:600])
+    return min(live, key=lambda t: t.best_ms)
+
+
+def check_winner(variant: Variant, p: Conv2dProblem) -> str | None:
+    """The harness's full verdict on a winner before it is cached: `helpers.check.check` (normal
+    and, where exact, integer inputs: the integer run sees a dropped term that a long bf16
+    reduction's rounding bound cannot). None if it passes, else the reason."""
+    from .check import check
+
+    r = check(variant, p)
+    return None if r.ok else r.reason
+
+
+def _final(trials: dict, p: Conv2dProblem, inputs: tuple, ref: Reference, what: str) -> tuple[Trial, float]:
+    """The fastest trial re-timed properly (`FINAL_TARGET_MS`) and passed by `check_winner`, with
+    its final median; one that fails either is dropped and the next fastest tried."""
+    while True:
+        t = _best(trials, what)
+        ms = t.run(p, inputs, ref, None, FINAL_TARGET_MS)
+        if ms is None:
+            continue
+        reason = check_winner(t.candidate.variant, p)
+        if reason is None:
+            return t, ms
+        t.fail(f"disagreed: {reason}")
+
+
 def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dict:
     """Steps 4 and 5 on a search whose builds are done: time the survivors (early stop on losers;
-    each output checked against the float64 reference, `_trial`: a candidate that fails it or
-    faults is dropped), try the winner's variations, re-time the winner; store it in ``cache``.
-    Returns the row `tune_problem` describes, without ``compile_s`` and with ``tune_s`` the
-    seconds of enumeration and timing; ``rule_ms`` is NaN when the prior itself failed the check.
+    every output checked against the float64 reference: a candidate that fails it or faults is
+    dropped, `Trial.run`), try the winner's variations, re-time the winner and pass it through
+    `check_winner` (else the next fastest); store it in ``cache``. Returns the row `tune_problem`
+    describes, without ``compile_s`` and with ``tune_s`` the seconds of enumeration and timing;
+    ``status`` is "ok", or says that the rule's own pick (the prior) failed the check (then
+    ``rule_ms`` is NaN): the registered variant computes this problem wrongly.
 
     Raises:
         RuntimeError: no survivor passed the check."""
@@ -505,31 +579,30 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
     base = get(space.variant)
     inputs = _inputs(p)
     ref = Reference.of(p, inputs)
+    what = f"{space.variant} on {p.name}"
     prior = next((c for c in search.survivors if c.prior), search.survivors[0])
     order = [prior, *(c for c in search.survivors if c is not prior)]  # the prior first: it wins ties
-    trials = {c.config: _trial(c, p, inputs, ref, QUICK_REPS) for c in order}
-    if not any(t.ms for t in trials.values()):
-        why = "; ".join(f"{cfg}: {t.status}" for cfg, t in trials.items())
-        raise RuntimeError(f"no configuration of {space.variant} passed the check on {p.name}: {why}"[:600])
-    best = min(t.best_ms for t in trials.values())
-    close = [t for t in trials.values() if t.best_ms <= LOSER * best]
+    trials = {c.config: Trial(c) for c in order}
+    for t in trials.values():
+        t.run(p, inputs, ref, QUICK_REPS)
+    best = _best(trials, what).best_ms
+    close = [t for t in trials.values() if t.ms and t.best_ms <= LOSER * best]
     for t in close:  # early stop: the clear losers get no more repetitions
-        t.ms.append(_time_ms(t.candidate.variant, p, inputs, CLOSE_REPS)[0])
-    winner = min(trials.values(), key=lambda t: t.best_ms)
-    build = winner.candidate.config
-    for cfg in space.variations(build, p):  # runtime-only changes of the winner: no build
+        t.run(p, inputs, ref, CLOSE_REPS)
+    build_of = {cfg: cfg for cfg in trials}
+    leader = _best(trials, what)
+    for cfg in space.variations(leader.candidate.config, p):  # runtime-only changes of the leader: no build
         if cfg not in trials:
-            cand = Candidate(cfg, space.variant_for(cfg, p), winner.candidate.model_us)
-            trials[cfg] = _trial(cand, p, inputs, ref, CLOSE_REPS)
-            if trials[cfg].best_ms < winner.best_ms:
-                winner = trials[cfg]
-    final_ms = _time_ms(winner.candidate.variant, p, inputs, None, FINAL_TARGET_MS)[0]
-    if winner.candidate is prior:
+            trials[cfg] = Trial(Candidate(cfg, space.variant_for(cfg, p), leader.candidate.model_us))
+            trials[cfg].run(p, inputs, ref, CLOSE_REPS)
+            build_of[cfg] = leader.candidate.config
+    winner, final_ms = _final(trials, p, inputs, ref, what)
+    rule = trials[prior.config]
+    if winner is rule:
         rule_ms = final_ms
-    elif trials[prior.config].ms:
-        rule_ms = _time_ms(prior.variant, p, inputs, None, FINAL_TARGET_MS)[0]
-    else:  # the rule's own pick failed the check: no time to compare with
-        rule_ms = math.nan
+    else:
+        rule_ms = rule.run(p, inputs, ref, None, FINAL_TARGET_MS) if rule.ms else None
+    status = "ok" if rule_ms is not None else f"rule failed the check: {prior.config}: {rule.status}"[:300]
     row = {
         "problem": p.name,
         "variant": space.variant,
@@ -537,8 +610,8 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
         "ms": final_ms,
         "search_ms": winner.best_ms,
         "rule_config": prior.config,
-        "rule_ms": rule_ms,
-        "model_rank": search.rank[build],
+        "rule_ms": math.nan if rule_ms is None else rule_ms,
+        "model_rank": search.rank[build_of[winner.candidate.config]],
         "candidates": len(search.candidates),
         "survivors": len(search.survivors),
         "timed": len(close),
@@ -546,6 +619,7 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
         "faulted": sum(t.status.startswith("error") for t in trials.values()),
         "cache": "miss",
         "tune_s": search.enumerate_s + time.perf_counter() - t0,
+        "status": status,
     }
     if cache is not None:
         cache.store(base, p, {k: row[k] for k in CACHED} | {"tune_s": row["tune_s"], "date": time.strftime("%Y-%m-%d")})
@@ -554,34 +628,25 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
 
 def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     """The exhaustive answer, to judge the tuner by: every candidate and each of its variations
-    timed (``reps`` repetitions; outputs checked as in `measure`), then the fastest re-timed as
-    the tuner's winner is. Returns ``best_config``, ``best_ms``, ``exhaustive_s`` and ``sweep``
-    ({config: (model_us, ms)}, NaN for a disagreeing or faulting one)."""
+    timed (``reps`` repetitions; outputs checked as in `measure`), then the fastest re-timed and
+    checked as the tuner's winner is. Returns ``best_config``, ``best_ms``, ``exhaustive_s`` and
+    ``sweep`` ({config: (model_us, ms)}, NaN for a disagreeing or faulting one).
+
+    Raises:
+        RuntimeError: no configuration passed the check."""
     t0 = time.perf_counter()
     p = search.problem
     inputs = _inputs(p)
     ref = Reference.of(p, inputs)
-    times = {}
+    trials = {}
     for c in search.candidates:
         for cfg in [c.config, *space.variations(c.config, p)]:
-            cand = c if cfg == c.config else Candidate(cfg, space.variant_for(cfg, p), c.model_us)
-            t = _trial(cand, p, inputs, ref, reps)
-            times[cfg] = (c.model_us, t.best_ms if t.ms else math.nan)
-    best_cfg = min((k for k in times if not math.isnan(times[k][1])), key=lambda k: times[k][1])
-    best_ms = _time_ms(space.variant_for(best_cfg, p), p, inputs, None, FINAL_TARGET_MS)[0]
-    return {"best_config": best_cfg, "best_ms": best_ms, "exhaustive_s": time.perf_counter() - t0, "sweep": times}
-
-
-def _trial(c: Candidate, p: Conv2dProblem, inputs: tuple, ref: Reference, reps: int) -> Trial:
-    """One timing round of a candidate: its median, or no time when its output (poisoned with NaN
-    first: `_time_ms`) fails the check against ``ref`` or it faults (a build that failed, a launch
-    error: recorded, the search goes on)."""
-    try:
-        ms, out = _time_ms(c.variant, p, inputs, reps)
-    except Exception as e:  # noqa: BLE001 - one candidate's fault drops it, not the search
-        return Trial(c, [], status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
-    reason = ref.reason(c.variant, out)
-    return Trial(c, [ms]) if reason is None else Trial(c, [], status=f"disagreed: {reason}")
+            trials[cfg] = Trial(c if cfg == c.config else Candidate(cfg, space.variant_for(cfg, p), c.model_us))
+            trials[cfg].run(p, inputs, ref, reps)
+    times = {cfg: (t.candidate.model_us, t.best_ms if t.ms else math.nan) for cfg, t in trials.items()}
+    best, best_ms = _final(trials, p, inputs, ref, f"{space.variant} on {p.name}")
+    return {"best_config": best.candidate.config, "best_ms": best_ms, "exhaustive_s": time.perf_counter() - t0,
+            "sweep": times}  # fmt: skip
 
 
 CACHED = ("config", "ms", "rule_config", "rule_ms", "model_rank")  # what a cache entry answers with
@@ -593,7 +658,7 @@ def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None) -> dict | 
     if hit is None:
         return None
     return {"problem": p.name, "variant": space.variant, **{k: hit[k] for k in CACHED}, "cache": "hit",
-            "compile_s": 0.0, "tune_s": time.perf_counter() - t0}  # fmt: skip
+            "compile_s": 0.0, "tune_s": time.perf_counter() - t0, "status": "ok"}  # fmt: skip
 
 
 def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None, keep: int = KEEP,
@@ -605,8 +670,9 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
     median, timed as the winner's), ``model_rank`` (the place of the winner's
     build in the model's order, 1 = first), ``candidates`` / ``survivors`` / ``timed``
     (configurations enumerated, kept by the model, given more than the first repetitions),
-    ``disagreed`` (outputs that failed the float64 check), ``compile_s``, ``tune_s`` (wall seconds of the
-    whole search, builds included), ``cache`` ("hit" or "miss"). With ``exhaustive``, after the
+    ``disagreed`` (outputs that failed the float64 check), ``compile_s``, ``tune_s`` (wall seconds
+    of the whole search, builds included), ``cache`` ("hit" or "miss"), ``status`` (`measure`'s;
+    "ok" on a hit). With ``exhaustive``, after the
     search (or the cache's answer) every candidate is built and `sweep` adds ``best_config``,
     ``best_ms``, ``exhaustive_s`` (builds included) and ``sweep`` (not a CSV column).
 
@@ -663,7 +729,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
         try:
             hit = _hit_row(space, p, cache)
             if hit is not None:
-                rows[i] = {**hit, "status": "ok"}
+                rows[i] = hit
             if hit is None or exhaustive:
                 searches[i] = enumerate_search(space, p, keep)
         except Exception as e:  # noqa: BLE001 - one problem's fault is its row; the run goes on
@@ -679,7 +745,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
             continue
         try:
             row = measure(space, s, cache)
-            rows[i] = {**row, "compile_s": share, "tune_s": row["tune_s"] + share, "status": "ok"}
+            rows[i] = {**row, "compile_s": share, "tune_s": row["tune_s"] + share}
         except Exception as e:  # noqa: BLE001
             rows[i] = _fault_row(space, s.problem, e)
     if exhaustive:  # after the tuner has answered every problem: its times are its own
@@ -727,25 +793,46 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
     ``cache`` holds for ``variant`` (looked up when the problem is planned), and the registered
     variant's own rule where it holds none.
 
-    A cached choice is trusted once it has passed `helpers.check.check` on the problem, run the
-    first time this variant meets the (problem, choice) with a GPU present; a choice that fails
-    the check, that the space cannot build (an unknown configuration name) or that the variant
-    refuses runs the rule instead, with one `TuneCacheWarning` naming the cache file."""
+    A cached choice is trusted once it has passed `helpers.check.check` on the problem, run when
+    `helpers.variants.prepare` first checks this variant's tensors for the (problem, choice) with a
+    GPU present (after the tensor checks: the shape-level `supports` launches nothing). A choice
+    that fails the check, that the space cannot build (an unknown configuration name) or that the
+    variant refuses runs the rule instead, with one `TuneCacheWarning` naming the cache file; a
+    check that raises (e.g. out of memory) is not remembered: the rule runs for that call and the
+    next call checks again."""
     space = space_of(variant)
     base = get(space.variant)
     cache = cache or TuneCache()
-    chosen: dict = {}  # (problem, configuration) -> the variant that runs it
+    verdicts: dict = {}  # (problem, configuration) -> the variant that runs it, once decided
 
     def pick(p: Conv2dProblem) -> Variant:
         hit = cache.lookup(base, p)
         if not hit:
             return base
         key = (p, hit["config"])
-        if key not in chosen:
-            chosen[key] = _trusted(space, base, p, hit["config"], cache.path)
-        return chosen[key]
+        if key not in verdicts:
+            v, reason = _cached_variant(space, p, hit["config"])
+            if reason is None:
+                return v  # not checked yet (`tensor_check` does, once with a GPU)
+            verdicts[key] = _refuse(base, p, hit["config"], reason, cache.path)
+        return verdicts[key]
 
     def tensor_check(p: Conv2dProblem, tensors: dict, ep) -> str | None:
+        hit = cache.lookup(base, p)
+        key = (p, hit["config"]) if hit else None
+        if key is not None and key not in verdicts and gpu.has_gpu():
+            v = pick(p)
+            if key not in verdicts:  # buildable and supported: its check decides
+                from .check import check
+
+                try:
+                    r = check(v, p)
+                except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
+                    _warn(f"tune cache {cache.path}: checking the choice {hit['config']!r} of {base.name} for "
+                          f"{p.name} raised {type(e).__name__}: {e}; the rule's runs for this call")  # fmt: skip
+                    return _rule_tensor_check(base, p, tensors, ep)
+                verdicts[key] = v if r.ok else _refuse(base, p, hit["config"], f"failed the check ({r.reason})",
+                                                       cache.path)  # fmt: skip
         v = pick(p)
         return v.tensor_check_fn(p, tensors, ep) if v.tensor_check_fn else None
 
@@ -761,22 +848,23 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
     )
 
 
-def _trusted(space: Space, base: Variant, p: Conv2dProblem, config: str, path: Path) -> Variant:
-    """The variant of a cached ``config`` for ``p`` if it builds, is supported and (with a GPU)
-    passes `helpers.check.check`; else ``base`` (the rule), with a warning that names ``path``."""
-    from . import gpu
-    from .check import check
+def _rule_tensor_check(base: Variant, p: Conv2dProblem, tensors: dict, ep) -> str | None:
+    return base.tensor_check_fn(p, tensors, ep) if base.tensor_check_fn else None
 
+
+def _cached_variant(space: Space, p: Conv2dProblem, config: str) -> tuple[Variant | None, str | None]:
+    """(the variant of a cached ``config``, None), or (None, why it cannot run ``p``: the space
+    cannot build the name, or the variant refuses the problem's shape)."""
     try:
         v = space.variant_for(config, p)
         reason = v.supports(p, smem_limit=2**31)
-        if reason is None and gpu.has_gpu():
-            r = check(v, p)
-            reason = None if r.ok else f"failed the check ({r.reason})"
     except Exception as e:  # noqa: BLE001 - a cache entry must never break a run: the rule runs instead
-        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-    if reason is None:
-        return v
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return (v, None) if reason is None else (None, reason)
+
+
+def _refuse(base: Variant, p: Conv2dProblem, config: str, reason: str, path: Path) -> Variant:
+    """``base`` (the rule), after one warning that names the cache file and why ``config`` is not used."""
     _warn(f"tune cache {path}: the choice {config!r} of {base.name} for {p.name} is not used ({reason}); "
           "the rule's runs instead")  # fmt: skip
     return base

@@ -147,11 +147,11 @@ class Variant:
         if cc < tuple(self.min_cc):
             why = f" ({self.min_cc_why})" if self.min_cc_why else ""
             return (f"{self.name} needs a GPU of compute capability {self.min_cc[0]}.{self.min_cc[1]} or newer{why}; "
-                    f"this one is {cc[0]}.{cc[1]}")  # fmt: skip
+                    f"not {cc[0]}.{cc[1]}")  # fmt: skip
         if self.arch_suffix and cc != tuple(self.min_cc):
             return (f"{self.name} is built for sm_{self.min_cc[0]}{self.min_cc[1]}{self.arch_suffix}, whose "
                     f"instructions exist only on compute capability {self.min_cc[0]}.{self.min_cc[1]}; "
-                    f"this one is {cc[0]}.{cc[1]}")  # fmt: skip
+                    f"not on {cc[0]}.{cc[1]}")  # fmt: skip
         return None
 
     def target(self, cc: tuple[int, int]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,29 @@ def misaligned():
         return out
 
     return make
+
+
+def _skip_reason(report) -> str:
+    """A skipped test's reason (pytest keeps it as ``(path, line, "Skipped: reason")``), cut at 100
+    characters so that one kind of skip is one line."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    text = text.removeprefix("Skipped: ")
+    return text if len(text) <= 100 else text[:99] + "…"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The skips in a few lines, counted by reason, most first: on a machine without a GPU most of
+    the suite (tests/gpu and the GPU half of other files) skips by design."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts = Counter(_skip_reason(r) for r in skipped)
+    expected = " (most are expected on a machine without a GPU)" if gpu_skip_reason() else ""
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by reason{expected}")
+    for reason, n in counts.most_common(5):
+        terminalreporter.write_line(f"{n:6d}  {reason}")
+    if len(counts) > 5:
+        terminalreporter.write_line(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(5)):6d}  "
+                                    f"{len(counts) - 5} other reasons (pytest -rs lists every skip)")  # fmt: skip
+

@@ -131,8 +131,25 @@ def test_concurrent_stores_keep_every_entry(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # no temporary file left behind
 
 
+def test_store_keeps_the_files_permissions(tmp_path):
+    """The temporary file the store writes through is made 0600; the cache keeps the mode it had
+    (a shared cache stays readable to others) or, new, gets the umask's."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    path = tmp_path / "t.json"
+    cache = ht.TuneCache(path, environment=ENV)
+    cache.store(get("igemm_production"), P1, entry())
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    path.chmod(0o640)
+    cache.store(get("igemm_production"), P2, entry())
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
 @pytest.mark.parametrize("text, words", [
     ("{not json", "unreadable"),
+    ("[" * 100_000 + "]" * 100_000, "unreadable"),  # nested past the parser's recursion limit
     ("[1, 2]", "JSON list"),
     (None, "1 malformed entries"),
 ])  # fmt: skip
@@ -165,8 +182,10 @@ def test_a_damaged_cache_falls_back_to_the_rule_with_one_warning(tmp_path, text,
 
 def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_path, monkeypatch):
     """A cached configuration the space cannot build (a ValueError from `tuned.supports` before)
-    runs the rule with a warning naming the file; with a GPU, a cached choice is checked once per
-    (problem, choice) with `helpers.check.check` and one that fails runs the rule too."""
+    runs the rule with a warning naming the file. With a GPU, a cached choice is checked with
+    `helpers.check.check` once per (problem, choice), when `prepare` checks the tensors (the
+    shape-level `supports` launches nothing); one that fails runs the rule, one whose check raises
+    runs the rule for that call and is checked again on the next."""
     import importlib
 
     hk = importlib.import_module("helpers.check")  # the module (helpers.check is also the function's name)
@@ -178,21 +197,54 @@ def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_pa
         assert v.supports(P1, smem_limit=227 * 1024) is None
     assert v.launches(P1)[0].entry == base.launches(P1)[0].entry
 
-    cfg = "128x256x32_w2x4_s3_b1_sw2"
+    cfg, tuned_entry = "128x256x32_w2x4_s3_b1_sw2", "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16"
     cache.store(base, P2, entry(cfg))
+    x, w = P2.make_inputs()
+    tensors = {"x": x, "w": w, "y": None, "cin": None, "bias": None}
     checked = []
-    verdicts = {True: SimpleNamespace(ok=True, reason=""), False: SimpleNamespace(ok=False, reason="planted")}
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
-    for ok in (True, False):
-        monkeypatch.setattr(hk, "check", lambda var, p, ok=ok: checked.append((var.name, p)) or verdicts[ok])
+    for verdict in ("pass", "fail", "raise"):
+        def check(var, p, verdict=verdict):
+            checked.append(var.name)
+            if verdict == "raise" and len(checked) == 1:
+                raise RuntimeError("CUDA out of memory (planted)")
+            return SimpleNamespace(ok=verdict != "fail", reason="planted")
+
+        monkeypatch.setattr(hk, "check", check)
+        checked.clear()
         v = ht.tuned(base, cache)
-        if ok:
+        assert v.supports(P2, smem_limit=227 * 1024) is None and not checked  # shape level: no launch
+        if verdict == "pass":
             for _ in range(3):
-                assert v.launches(P2)[0].entry == "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16"
-            assert len(checked) == 1 and cfg in checked[0][0]  # once per problem and choice
-        else:
+                assert v.tensor_check_fn(P2, tensors, PLAIN) is None
+                assert v.launches(P2)[0].entry == tuned_entry
+            assert len(checked) == 1 and cfg in checked[0]  # once per problem and choice
+        elif verdict == "fail":
             with pytest.warns(ht.TuneCacheWarning, match="failed the check"):
-                assert v.launches(P2)[0].entry == base.launches(P2)[0].entry
+                v.tensor_check_fn(P2, tensors, PLAIN)
+            assert v.launches(P2)[0].entry == base.launches(P2)[0].entry
+        else:
+            with pytest.warns(ht.TuneCacheWarning, match="raised RuntimeError"):
+                v.tensor_check_fn(P2, tensors, PLAIN)
+            v.tensor_check_fn(P2, tensors, PLAIN)  # checked again: passes now
+            assert len(checked) == 2 and v.launches(P2)[0].entry == tuned_entry
+
+
+def test_a_winner_that_fails_the_full_check_is_replaced_and_a_wrong_rule_is_reported(monkeypatch, tmp_path):
+    """Before it is cached the winner passes `check_winner` (`helpers.check.check`, whose integer
+    run sees what a long bf16 rounding bound cannot); the next fastest takes the place of one that
+    fails. A rule (prior) whose output fails the check makes the row's status say so."""
+    sp, names = toy_space()
+    ms = {names[0]: 1.0, names[1]: 0.5, names[2]: 0.6, names[3]: 0.9}
+    FakeGPU(monkeypatch, ms, inexact=[names[1]])
+    row = ht.tune_problem(sp, P1, ht.TuneCache(tmp_path / "a.json", environment=ENV), keep=6)
+    assert row["config"] == names[2] and row["disagreed"] == 1 and row["status"] == "ok"
+    FakeGPU(monkeypatch, ms, wrong=[names[3]])  # the prior
+    row = ht.tune_problem(sp, P1, None, keep=6)
+    assert row["status"].startswith("rule failed the check") and math.isnan(row["rule_ms"])
+    FakeGPU(monkeypatch, ms, wrong=names)
+    with pytest.raises(RuntimeError, match="no configuration of igemm_production on .* passed the check"):
+        ht.tune_problem(sp, P1, None, keep=6)
 
 
 def test_source_hash_follows_includes():
@@ -298,6 +350,11 @@ def test_a_tile_built_alone_compiles_to_its_one_entry_without_spills():
 # ---- the search with a stand-in GPU -------------------------------------------------------------------------
 
 
+def _config(variant) -> str:
+    """The configuration a search candidate's variant name carries (``igemm_production[<config>]``)."""
+    return variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
+
+
 def stand_in_device(monkeypatch) -> None:
     """An H200's facts for `helpers.gpu.device_info`, and builds that take 0.5 s and do nothing."""
     monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
@@ -310,16 +367,20 @@ class FakeGPU:
     """`_time_ms` from a table {config: ms} (one call per timing round, counted), outputs that
     pass the check unless the config is in ``wrong``; builds, the reference and the device stubbed."""
 
-    def __init__(self, monkeypatch, ms: dict, wrong=()):
+    def __init__(self, monkeypatch, ms: dict, wrong=(), inexact=()):
         self.ms, self.wrong, self.calls = ms, set(wrong), []
         monkeypatch.setattr(ht, "_time_ms", self.time_ms)
         monkeypatch.setattr(ht, "_inputs", lambda p: ())
-        verdict = SimpleNamespace(reason=lambda v, out: None if bool((out == 1).all()) else "planted wrong output")
+        self.checked = []
+        verdict = SimpleNamespace(reason=lambda v, out: self.checked.append(_config(v)) or (
+            None if bool((out == 1).all()) else "planted wrong output"))  # fmt: skip
         monkeypatch.setattr(ht.Reference, "of", classmethod(lambda cls, p, inputs: verdict))
+        monkeypatch.setattr(ht, "check_winner", lambda v, p: "planted: integer inputs but not bit-exact"
+                            if _config(v) in set(inexact) else None)  # fmt: skip
         stand_in_device(monkeypatch)
 
     def time_ms(self, variant, p, inputs, reps, target_ms=0.0):
-        cfg = variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
+        cfg = _config(variant)
         self.calls.append((cfg, reps))
         out = torch.full((4,), 2.0 if cfg in self.wrong else 1.0)
         return self.ms.get(cfg, 1.0), out
@@ -353,6 +414,7 @@ def test_search_stops_early_never_picks_a_wrong_output_and_tries_variations(monk
     assert names[1] in more and names[2] in more  # within LOSER of the best: timed again
     assert names[0] not in more and names[3] not in more and names[5] not in more  # clear losers: stopped early
     assert names[4] not in more
+    assert fake.checked == [cfg for cfg, _ in fake.calls]  # every timing round's output was checked
     n = len(fake.calls)
     hit = ht.tune_problem(sp, P1, cache, keep=6)
     assert len(fake.calls) == n and hit["cache"] == "hit" and hit["config"] == row["config"]  # no timing at all
@@ -376,7 +438,7 @@ class OneBlock:
         block = torch.zeros(p.output_shape, dtype=p.torch_dtype)
 
         def prepare(variant, problem, *inputs, cache=False):
-            cfg = variant.name[variant.name.index("[") + 1 : -1] if "[" in variant.name else "rule"
+            cfg = _config(variant)
 
             def plan():
                 n = y.numel() // 2 if cfg in half else y.numel()
@@ -390,6 +452,7 @@ class OneBlock:
         monkeypatch.setattr(timing, "time_gpu", lambda plan, warmup=1, reps=None, target_ms=0.0: plan() or
                             SimpleNamespace(ms_p50=ms.get(plan.cfg, 1.0)))  # fmt: skip
         monkeypatch.setattr(ht, "_inputs", lambda problem: self.inputs)
+        monkeypatch.setattr(ht, "check_winner", lambda v, problem: None)  # the reference check is under test
 
 
 def test_a_candidate_that_writes_half_its_output_is_never_chosen(monkeypatch, tmp_path):
@@ -405,21 +468,23 @@ def test_a_candidate_that_writes_half_its_output_is_never_chosen(monkeypatch, tm
     assert row["best_config"] == names[1] and math.isnan(row["sweep"][names[2]][1])
 
 
-def test_the_reference_sees_a_dropped_tap_and_passes_the_rule():
-    """`Reference.reason` is the harness's verdict: the exact output passes, one with an element
-    off by a tap's worth fails on the bound, one with a NaN fails on it."""
-    v = get("igemm_production")
-    inputs = SMALL.make_inputs(kind="normal", seed=1)
+def test_the_reference_sees_a_dropped_tap_and_a_nan():
+    """`Reference.reason` is the harness's verdict: the rounded float64 output passes, the output of
+    the same convolution with one filter tap dropped fails (relative L2), and a NaN fails."""
     from helpers.check import reference
 
-    y = SMALL.from_logical(reference(SMALL, *inputs).to(torch.float16))
-    ref = ht.Reference.of(SMALL, inputs)
+    v = get("igemm_production")
+    x, w = SMALL.make_inputs(kind="normal", seed=1)
+    y = SMALL.from_logical(reference(SMALL, x, w).to(torch.float16))
+    ref = ht.Reference.of(SMALL, (x, w))
     assert ref.expected is not None and ref.reason(v, y) is None
-    off = y.clone()
-    off.view(-1)[7] += 0.5
-    assert "rounding bound" in ref.reason(v, off)
-    off.view(-1)[7] = float("nan")
-    assert "NaN/Inf" in ref.reason(v, off)
+    w_dropped = w.clone()
+    w_dropped[:, 1, 2, :] = 0  # KRSC: tap (r, s) = (1, 2) of every filter
+    y_dropped = SMALL.from_logical(reference(SMALL, x, w_dropped).to(torch.float16))
+    assert "relative L2 error" in ref.reason(v, y_dropped)
+    y_nan = y.clone()
+    y_nan.view(-1)[7] = float("nan")
+    assert "NaN/Inf" in ref.reason(v, y_nan)
 
 
 def test_pruned_search_keeps_the_prior_and_exhaustive_finds_what_pruning_missed(monkeypatch):

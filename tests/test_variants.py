@@ -585,9 +585,12 @@ def test_tensors_on_another_gpu_than_the_context_are_refused(index, monkeypatch)
 
 def test_init_on_a_second_device_is_refused(monkeypatch):
     """One process runs its kernels in one context: asking `helpers.gpu.init` for another device
-    once the context exists is an error, not a silent return of the first device's context."""
+    once the context exists is an error, not a silent return of the first device's context; the
+    harness's own calls (``init()``, no device) take the context's device, whichever it is."""
     monkeypatch.setattr(gpu, "_ctx", object())
     monkeypatch.setattr(gpu, "_device", 0)
-    assert gpu.init(0) is gpu._ctx
+    assert gpu.init(0) is gpu._ctx and gpu.init() is gpu._ctx
     with pytest.raises(ValueError, match="the shared context is on cuda:0"):
         gpu.init(1)
+    monkeypatch.setattr(gpu, "_device", 1)  # a context on device 1: the harness's own init() calls keep it
+    assert gpu.init() is gpu._ctx and gpu.init(1) is gpu._ctx and gpu.context_device() == torch.device("cuda", 1)

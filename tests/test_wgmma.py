@@ -257,7 +257,8 @@ def test_the_ring_counter_is_refused_past_32_bits():
     one-tile-per-block schedules take it. `ring_steps` bounds the counter the kernel's loops reach."""
     huge = nhwc(N=1, C=8, H=33600, W=33600, K=8, R=255, S=255, padding=127)
     reason = V.supports(huge, smem_limit=2**31)
-    assert reason is not None and "32-bit ring counter" in reason and "4344970500" in reason, reason
+    ring = ring_steps(huge, choose(huge))  # 4,344,970,500 with 132 SMs
+    assert reason is not None and "32-bit ring counter" in reason and str(ring) in reason, reason
     for cfg in ENTRIES:
         refused = FORCED[cfg.name].supports(huge, smem_limit=2**31)
         assert (refused is not None and "ring counter" in refused) == (ring_steps(huge, cfg) > 2**31 - 1)
@@ -265,6 +266,12 @@ def test_the_ring_counter_is_refused_past_32_bits():
     for p in [*PROBLEMS, nhwc(N=3, C=72, H=40, W=41, K=136, R=3, S=3, padding=1)]:
         for cfg in ENTRIES:
             assert _largest_u(p, cfg) <= ring_steps(p, cfg), (cfg.name, p.name)
+    # a capped grid (one block, the tests' multi-tile runs) counts its own blocks
+    mid = nhwc(N=1, C=8, H=8192, W=8192, K=8, R=65, S=65, padding=32)
+    cfg = BY_NAME["persistent_128x64_c2_s8"]
+    assert FORCED[cfg.name].supports(mid, smem_limit=2**31) is None
+    assert ring_steps(mid, cfg, 1) > 2**31 - 1
+    assert "32-bit ring counter" in capped(cfg, 1).supports(mid, smem_limit=2**31)
 
 
 def test_cluster_a_pairs_cover_every_tile_once_with_a_ghost_rank():

@@ -68,13 +68,18 @@ def _assert_ok(r, p, kind: str) -> None:
         assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"
 
 
-CASES = [
-    pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
-    for name in FORCED
-    for p in CHECK_PROBLEMS
-    for dt in DTYPES
-    for kind in ("normal", "int")
-]
+def _cases(names, problems) -> list:
+    """(variant name, problem in each dtype, input kind) for every name and problem."""
+    return [
+        pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
+        for name in names
+        for p in problems
+        for dt in DTYPES
+        for kind in ("normal", "int")
+    ]
+
+
+CASES = _cases(FORCED, CHECK_PROBLEMS)
 
 
 @pytest.mark.parametrize("name, p, kind", CASES)
@@ -95,13 +100,7 @@ EDGE = list(_edge_cases())
 # each block takes several tiles, so the ring's phases cross tiles, ping-pong's consumers take
 # turns more than once and reuse their staging buffers, and a pair walks several pair tiles
 CAPPED = {v.name: v for c in ENTRIES if c.mode in PERSISTENT_MODES for v in (capped(c, 1), capped(c, 2))}
-MULTI_TILE_CASES = [
-    pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
-    for name in CAPPED
-    for p in MULTI_TILE_PROBLEMS
-    for dt in DTYPES
-    for kind in ("normal", "int")
-]
+MULTI_TILE_CASES = _cases(CAPPED, MULTI_TILE_PROBLEMS)
 
 
 @pytest.mark.parametrize("name, p, kind", MULTI_TILE_CASES)
