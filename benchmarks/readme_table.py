@@ -1,22 +1,28 @@
-"""Regenerate the README's generated sections from the repository's files.
+"""Regenerate the README's generated sections, RESULTS.md and the README's picture from the
+repository's files.
 
-    python -m benchmarks.readme_table            # rewrite README.md in place
-    python -m benchmarks.readme_table --check    # exit 1 if README.md is stale (CI runs this as a test)
+    python -m benchmarks.readme_table            # rewrite README.md, RESULTS.md, benchmarks/results/overview.png
+    python -m benchmarks.readme_table --check    # exit 1 if README.md or RESULTS.md is stale (a test runs this)
 
-Two sections, each between a pair of HTML comment markers:
+README.md has two sections, each between a pair of HTML comment markers:
 
-* ``curriculum``: the day table of design.md; a day links its notebook when
-  ``notebooks/day_NN_*.ipynb`` exists and says "planned" otherwise, and lists its registered
-  variants (`helpers.variants.all_variants`) or, before there are any, the planned ones;
-* ``results``: for every ``benchmarks/results/<gpu>/<suite>.csv`` written by
-  ``python -m benchmarks`` (not the tuner's ``tune_*.csv``, which get one summary table per GPU:
-  `tuning_table`), one table per GPU × suite: per variant that ran, the dtype and
-  layout it ran in, the problems checked and passed and the geometric mean of ×cuDNN (cuDNN's
-  median time in that dtype and layout / the variant's, > 1 is faster), one baseline row per
-  dtype and layout, and the count of variants that refused every problem; with the GPU,
-  driver, CUDA, torch and cuDNN versions read from the CSV's columns.
+* ``overview``: the first picture and table, each day's fastest variant against cuDNN on the
+  ``quick`` suite, one run on one GPU (`overview_section`, `draw_overview`);
+* ``curriculum``: the day table of design.md with the GPU each day needs, its notebook's run
+  time and peak GPU memory as ``python -m benchmarks.notebooks`` measured them
+  (``results/<gpu>/notebooks.csv``); a day links its notebook when ``notebooks/day_NN_*.ipynb``
+  exists and says "planned" otherwise, and lists its registered variants
+  (`helpers.variants.all_variants`) or, before there are any, the planned ones.
 
-Everything is sorted, so regenerating an up-to-date README changes nothing.
+RESULTS.md holds, for every ``benchmarks/results/<gpu>/<suite>.csv`` written by ``python -m
+benchmarks`` (not the tuner's ``tune_*.csv``, which get one summary table per GPU:
+`tuning_table`), one table per GPU × suite: per variant that ran, the dtype and layout it ran
+in, the problems checked and passed and the geometric mean of ×cuDNN (cuDNN's median time in
+that dtype and layout / the variant's, > 1 is faster), one baseline row per dtype and layout,
+and the count of variants that refused every problem; with the GPU, driver, CUDA, torch and
+cuDNN versions read from the CSV's columns.
+
+Everything is sorted, so regenerating up-to-date files changes nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from helpers.bench import geomean
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+RESULTS_MD = ROOT / "RESULTS.md"
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOKS = ROOT / "notebooks"
 NO_RESULTS = "No results committed yet."
@@ -65,6 +72,21 @@ CURRICULUM = [
 ]  # fmt: skip
 
 
+# A few words per day, for the README's first table.
+SHORT = {
+    0: "setup, what conv2d computes, the harness", 1: "one thread per output pixel", 2: "one block z per filter",
+    3: "the input tile in shared memory", 4: "tile plus halo", 5: "float, double or compensated sums",
+    6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
+    10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
+    14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: wgmma and TMA",
+}  # fmt: skip
+# The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel).
+DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), "")}
+LAPTOP_MIB = 8 * 1024  # "fits an 8 GB laptop GPU": its peak under this (the display and driver take some)
+OVERVIEW_PNG = RESULTS / "overview.png"
+OVERVIEW_SUITE = "quick"
+
+
 def markers(name: str) -> tuple[str, str]:
     """The start and end comment lines of generated section ``name``."""
     return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
@@ -95,22 +117,163 @@ def registered_by_day() -> dict[int, list[str]]:
     return out
 
 
-def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] | None = None) -> str:
-    """The day table as markdown.
+def day_gpu() -> dict[int, str]:
+    """The GPU each day's notebook needs: the newest compute capability its variants build for
+    (`helpers.variants.Variant.min_cc`), e.g. "sm_80+", or "sm_90a only" for Hopper-only code."""
+    from helpers.variants import all_variants
+
+    need: dict[int, tuple] = dict(DAY_GPU)
+    for v in all_variants():
+        cur = need.get(v.day, ((7, 5), ""))
+        need[v.day] = max(cur, (tuple(v.min_cc), v.arch_suffix))
+    return {d: f"sm_{cc[0]}{cc[1]}{sfx} only" if sfx else f"sm_{cc[0]}{cc[1]}+" for d, (cc, sfx) in need.items()}
+
+
+def notebook_costs(results_dir: Path = RESULTS) -> dict[int, dict]:
+    """Per day, the newest measured run of its notebook (``results/<gpu>/notebooks.csv``, written
+    by ``python -m benchmarks.notebooks``): {day: {"minutes", "peak_gpu_mib", "gpu"}}."""
+    out: dict[int, dict] = {}
+    for csv in sorted(results_dir.glob("*/notebooks.csv")):
+        df = pd.read_csv(csv)
+        for r in df.itertuples():
+            if r.day not in out or str(r.date) > out[r.day]["date"]:
+                out[int(r.day)] = {"minutes": r.seconds / 60, "peak_gpu_mib": r.peak_gpu_mib, "gpu": str(r.gpu),
+                                   "date": str(r.date)}  # fmt: skip
+    return out
+
+
+def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] | None = None,
+                     results_dir: Path = RESULTS) -> str:  # fmt: skip
+    """The day table as markdown: the notebook, the idea, the GPU it needs (`day_gpu`), the run time
+    and peak GPU memory measured when it was last executed (`notebook_costs`; "—" before), whether
+    that fits an 8 GB laptop GPU, and the variants.
 
     A day links its notebooks (``notebooks/day_NN_*.ipynb``) where they exist, else says
     "planned"; its variants are the registered ones (in backticks) or, before they exist, the
     plan of design.md (in italics).
     """
     registered = registered_by_day() if registered is None else registered
-    lines = ["| day | notebook | idea | variants |", "|---|---|---|---|"]
+    gpus, costs = day_gpu(), notebook_costs(results_dir)
+    lines = ["| day | notebook | idea | GPU | run (min) | peak GPU memory | 8 GB laptop | variants |",
+             "|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
     for day, idea, plan in CURRICULUM:
         nbs = sorted(nb_dir.glob(f"day_{day:02d}_*.ipynb"))
         cell = ", ".join(f"[{p.stem}](notebooks/{p.name})" for p in nbs) or "planned"
         names = registered.get(day)
         variants = ", ".join(f"`{n}`" for n in names) if names else plan if plan == "—" else f"*{plan}*"
-        lines.append(f"| {day:02d} | {cell} | {idea} | {variants} |")
-    return "\n".join(lines)
+        c = costs.get(day)
+        if c is None or c["peak_gpu_mib"] != c["peak_gpu_mib"]:  # not measured (NaN)
+            run = mem = fits = "—"
+        else:
+            run, mem = f"{c['minutes']:.1f}", f"{c['peak_gpu_mib'] / 1024:.1f} GiB"
+            fits = "yes" if c["peak_gpu_mib"] < LAPTOP_MIB and "only" not in gpus.get(day, "") else "no"
+        lines.append(f"| {day:02d} | {cell} | {idea} | {gpus.get(day, '—')} | {run} | {mem} | {fits} | {variants} |")
+    measured = sorted({c["gpu"] for c in costs.values()})
+    note = (f"Run time and peak GPU memory: the notebook executed with `QUICK = True` on {', '.join(measured)} "
+            "(`python -m benchmarks.notebooks`, which measures both); a laptop GPU takes longer."
+            if measured else "Run time and peak GPU memory are measured when the notebooks are next executed "
+            "(`python -m benchmarks.notebooks` records both); not yet.")  # fmt: skip
+    return "\n".join(lines) + "\n\n" + note
+
+
+def best_by_day(csv: Path) -> dict[int, tuple[str, float]]:
+    """Per day, its fastest variant on a results CSV by geomean ×cuDNN over the problems it passed
+    and was timed on: {day: (variant, geomean)}."""
+    df = pd.read_csv(csv)
+    ok = df[(df.status != "baseline") & (df["ok"].map(_as_bool) == True) & df.x_cudnn.notna()]  # noqa: E712
+    out: dict[int, tuple[str, float]] = {}
+    for (day, variant), d in ok.groupby(["day", "variant"]):
+        gm = geomean(d.x_cudnn)
+        if int(day) not in out or gm > out[int(day)][1]:
+            out[int(day)] = (str(variant), gm)
+    return out
+
+
+def overview_csv(results_dir: Path = RESULTS) -> Path | None:
+    """The `OVERVIEW_SUITE` CSV that covers the most days (the newest on a tie), or None."""
+    csvs = sorted(results_dir.glob(f"*/{OVERVIEW_SUITE}.csv"))
+    if not csvs:
+        return None
+    return max(csvs, key=lambda c: (len(best_by_day(c)), _first(pd.read_csv(c), "date")))
+
+
+def resnet50_by_day(gpu_dir: Path) -> dict[int, tuple[str, float]]:
+    """Per day, its fastest variant on the forward ResNet-50 runs of one GPU (``resnet50*.csv``,
+    not dgrad / wgrad), as `best_by_day`."""
+    out: dict[int, tuple[str, float]] = {}
+    for csv in sorted(gpu_dir.glob("resnet50*.csv")):
+        if "grad" in csv.stem:
+            continue
+        for day, (variant, gm) in best_by_day(csv).items():
+            if day not in out or gm > out[day][1]:
+                out[day] = (variant, gm)
+    return out
+
+
+def overview_section(results_dir: Path = RESULTS) -> str:
+    """The README's first picture and table: each day's fastest variant against cuDNN on the
+    `OVERVIEW_SUITE` suite, all measured in one run on one GPU (`overview_csv`), and on ResNet-50's
+    layers where that GPU has a run (`resnet50_by_day`)."""
+    csv = overview_csv(results_dir)
+    best = best_by_day(csv) if csv is not None else {}
+    resnet = resnet50_by_day(csv.parent) if csv is not None else {}
+    gpu = _first(pd.read_csv(csv), "gpu") if csv is not None else "?"
+    lines = ["| day | idea | fastest variant | ×cuDNN, quick | ×cuDNN, ResNet-50 |", "|---|---|---|---:|---:|"]
+    for day, _, _ in CURRICULUM:
+        variant, gm = best.get(day, ("—", math.nan))
+        gm_s = f"{gm:.2f}" if gm == gm else "—"
+        r = resnet.get(day)
+        r_s = "—" if r is None else f"{r[1]:.2f}" + ("" if r[0] == variant else f" (`{r[0]}`)")
+        name = f"`{variant}`" if variant != "—" else variant
+        lines.append(f"| {day:02d} | {SHORT[day]} | {name} | {gm_s} | {r_s} |")
+    if csv is None:
+        return "\n".join(lines)
+    rel = OVERVIEW_PNG.relative_to(ROOT).as_posix()
+    where = f"benchmarks/results/{csv.parent.name}"
+    head = (f"![Each day's fastest kernel against cuDNN on one GPU, {gpu}]({rel})\n\n"
+            f"×cuDNN is cuDNN's median time over the kernel's (> 1: faster than cuDNN), geometric mean, on an {gpu} "
+            f"([CSVs]({where}/{csv.name})): the `{OVERVIEW_SUITE}` suite is 6 small layers, each day in its own dtype "
+            "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. The "
+            "backward day and the tuner are measured on ResNet-50 too: [RESULTS.md](RESULTS.md) has every run.")
+    return head + "\n\n" + "\n".join(lines)
+
+
+def draw_overview(path: Path = OVERVIEW_PNG, results_dir: Path = RESULTS) -> Path | None:
+    """Draw `overview_section`'s numbers as bars (one per day, cuDNN's 1.0 as a line) into ``path``;
+    None without a CSV."""
+    csv = overview_csv(results_dir)
+    if csv is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best, resnet = best_by_day(csv), resnet50_by_day(csv.parent)
+    days = sorted(set(best) | set(resnet))
+    fig, ax = plt.subplots(figsize=(10, 3.8), dpi=120)
+    width = 0.4
+    for k, (label, data, color) in enumerate(((f"{OVERVIEW_SUITE} suite", best, "#4c72b0"),
+                                              ("ResNet-50 layers", resnet, "#dd8452"))):  # fmt: skip
+        xs = [i + (k - 0.5) * width for i, d in enumerate(days) if d in data]
+        ys = [data[d][1] for d in days if d in data]
+        bars = ax.bar(xs, ys, width, label=label, color=color)
+        for b, y in zip(bars, ys):
+            ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(days)), [f"{d:02d}" for d in days])
+    ax.axhline(1.0, color="#c44e52", lw=1.2)
+    ax.text(-0.6, 1.03, "cuDNN = 1", color="#c44e52", ha="left", va="bottom", fontsize=10)
+    ax.set_ylim(0, max(1.2, *(v[1] * 1.1 for v in (*best.values(), *resnet.values()))))
+    ax.set_xlabel("day")
+    ax.set_ylabel("× cuDNN (higher is faster)")
+    ax.legend(loc="upper center", ncols=2, frameon=False, fontsize=9)
+    ax.set_title(f"Each day's fastest kernel against cuDNN, {_first(pd.read_csv(csv), 'gpu')}", fontsize=11)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _csv_key(path: Path) -> tuple:
@@ -231,33 +394,45 @@ def results_section(results_dir: Path = RESULTS) -> str:
 
 
 def render_readme(text: str, results_dir: Path = RESULTS, nb_dir: Path = NOTEBOOKS) -> str:
-    """``text`` (a README) with its curriculum and results sections regenerated."""
-    text = replace_between(text, "curriculum", curriculum_table(nb_dir))
-    return replace_between(text, "results", results_section(results_dir))
+    """``text`` (a README) with its overview and curriculum sections regenerated."""
+    text = replace_between(text, "overview", overview_section(results_dir))
+    return replace_between(text, "curriculum", curriculum_table(nb_dir, results_dir=results_dir))
+
+
+def render_results(results_dir: Path = RESULTS) -> str:
+    """RESULTS.md: every committed results table (`results_section`)."""
+    return ("# Results\n\nEvery committed run of `python -m benchmarks` and `python -m benchmarks.tune`, by GPU and "
+            "suite (generated by `python -m benchmarks.readme_table` from `benchmarks/results/`; the caveats that "
+            "go with these numbers are in the [README](README.md#caveats)).\n\n"
+            + results_section(results_dir) + "\n")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite README.md (or with ``--check``, exit 1 if it is stale)."""
+    """Rewrite README.md's generated sections, RESULTS.md and the overview picture (or with
+    ``--check``, exit 1 if README.md or RESULTS.md is stale)."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.readme_table", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if README.md is out of date")
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if README.md or RESULTS.md is stale")
     ap.add_argument("--readme", type=Path, default=README, help="the README to update (default: ./README.md)")
+    ap.add_argument("--results-md", type=Path, default=RESULTS_MD, help="the results page (default: ./RESULTS.md)")
     args = ap.parse_args(argv)
     try:
-        old = args.readme.read_text()
-        new = render_readme(old)
+        pages = {args.readme: render_readme(args.readme.read_text()), args.results_md: render_results()}
+        old = {p: p.read_text() if p.is_file() else None for p in pages}
     except (OSError, ValueError) as e:  # missing file, a folder, markers missing or out of order
         print(f"python -m benchmarks.readme_table: {args.readme}: {e}", file=sys.stderr)
         return 2
+    stale = [p for p, text in pages.items() if old[p] != text]
     if args.check:
-        if new != old:
-            print(f"{args.readme} is stale: run python -m benchmarks.readme_table", file=sys.stderr)
-            return 1
-        return 0
-    if new != old:
-        args.readme.write_text(new)
-        print(f"updated {args.readme}")
-    else:
-        print(f"{args.readme} is up to date")
+        for p in stale:
+            print(f"{p} is stale: run python -m benchmarks.readme_table", file=sys.stderr)
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(pages[p])
+        print(f"updated {p}")
+    if not stale:
+        print(f"{', '.join(map(str, pages))} up to date")
+    if args.readme == README and draw_overview():
+        print(f"drew {OVERVIEW_PNG}")
     return 0
 
 

@@ -305,3 +305,25 @@ def test_device_session_script_parses_and_refuses_an_unknown_part(tmp_path: Path
     env = {**os.environ, "OUT": str(tmp_path)}
     r = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "unknown part nope" in r.stderr
+
+
+def test_notebooks_record_run_time_and_peak_memory(tmp_path: Path):
+    """A notebook that ran is saved without the measuring cell, and its wall time and peak GPU
+    memory (0 on a machine without one) go to results/<gpu>/notebooks.csv, one row per notebook."""
+    import nbformat
+    import pandas as pd
+
+    from benchmarks import notebooks as nbrun
+
+    path = tmp_path / "day_97_tiny.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    assert nbrun.main([str(path), "--results", str(tmp_path / "results")]) == 0
+    saved = nbformat.read(path, as_version=4)
+    assert len(saved.cells) == 1 and saved.cells[0].outputs[0]["text"] == "42\n"
+    (csv,) = (tmp_path / "results").glob("*/notebooks.csv")
+    df = pd.read_csv(csv)
+    assert list(df.notebook) == ["day_97_tiny"] and df.day[0] == 97 and df.seconds[0] > 0
+    assert df.peak_gpu_mib[0] >= 0 and bool(df.quick[0])
+    assert nbrun.peak_memory({"used": 3 * 2**30, "reserved": 2**30, "peak_reserved": 5 * 2**30}) == 7 * 2**30

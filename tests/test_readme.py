@@ -16,12 +16,30 @@ from benchmarks import readme_table as rt
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 TEST_COMMAND = "python -m ruff check . && python -m pytest -q tests"
+VENV = "python3 -m venv .venv && . .venv/bin/activate"
+TORCH_CPU = "torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu"
 README_COMMAND = f"python -m pip install -r requirements-cpu.txt && {TEST_COMMAND}"
+README_LINES = [VENV, f"python -m pip install {TORCH_CPU}", README_COMMAND]
 
 
 def test_committed_readme_is_not_stale():
     text = README.read_text()
     assert rt.render_readme(text) == text, "README.md is stale: run `python -m benchmarks.readme_table` and commit"
+    assert rt.render_results() == (ROOT / "RESULTS.md").read_text(), "RESULTS.md is stale: run the same and commit"
+
+
+def test_readme_opens_on_the_picture_the_table_and_start_here():
+    """The first screen: one sentence, the overview (its picture and each day's table), then
+    "Start here"; the install commands come later; the README stays short (results in RESULTS.md)."""
+    text = README.read_text()
+    heads = re.findall(r"^## (.+)$", text, re.M)
+    assert heads[0] == "Start here" and heads.index("Setup") > heads.index("The days")
+    overview = text[text.index("<!-- overview:start -->") : text.index("<!-- overview:end -->")]
+    assert "![" in overview and "| day | idea |" in overview
+    assert text.index("<!-- overview:start -->") < text.index("## Start here") < text.index("```bash")
+    assert "<!-- results:start -->" not in text and "[RESULTS.md](RESULTS.md)" in text
+    words = len(re.sub(r"<!-- curriculum:start -->.*<!-- curriculum:end -->", "", text, flags=re.S).split())
+    assert words < 2600, words
 
 
 def test_regenerating_twice_changes_nothing():
@@ -37,9 +55,13 @@ def test_readme_links_existing_files():
 
 
 def test_readme_and_ci_run_the_same_command():
-    assert README_COMMAND in README.read_text()
+    """The README's (b), three lines (a venv, PyTorch's CPU build, the requirements and the
+    tests), is what .ci/run runs (quietly)."""
+    text = README.read_text()
+    assert "\n".join(README_LINES) in text
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in ci
+    assert VENV in ci and f"python -m pip install -q {TORCH_CPU}" in ci
     assert "python -m pip install -q -r requirements-cpu.txt" in ci
     assert TEST_COMMAND in ci
     assert os.stat(ROOT / ".ci" / "run").st_mode & stat.S_IXUSR, ".ci/run must be executable"
@@ -48,13 +70,15 @@ def test_readme_and_ci_run_the_same_command():
 def test_cpu_requirements_pin_torch_and_leave_out_pycuda():
     reqs = [ln.split("#")[0].strip() for ln in (ROOT / "requirements-cpu.txt").read_text().splitlines()]
     reqs = [r for r in reqs if r]
-    assert "torch==2.13.0" in reqs  # an unpinned torch downloads a multi-GB CUDA build
+    assert "torch==2.13.0+cpu" in reqs  # PyTorch's CPU build: an unpinned torch downloads a multi-GB CUDA build
     names = {re.split(r"[<>=!~\[ ]", r)[0].lower() for r in reqs}
     assert not names & {"pycuda", "lovely-tensors"}
     assert {"pytest", "ruff", "nbformat", "nbclient", "numpy", "pandas"} <= names
     runtime = {re.split(r"[<>=!~\[ ]", ln)[0].lower() for ln in (ROOT / "requirements.txt").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")}  # fmt: skip
-    assert {"pycuda", "torch", "lovely-tensors", "jupyter", "tqdm", "scikit-image"} <= runtime
+    assert {"pycuda", "torch", "lovely-tensors", "jupyter", "tqdm", "scikit-image", "pytest", "ruff"} <= runtime
+    floor = re.search(r"^pycuda>=(\d+)\.(\d+)", (ROOT / "requirements.txt").read_text(), re.M)
+    assert floor and (int(floor[1]), int(floor[2])) >= (2026, 1)  # 2025.1.1 fails to build against CUDA 13
 
 
 # ---- the generator on synthetic inputs -------------------------------------------------------
@@ -120,20 +144,53 @@ def test_render_readme_replaces_only_between_markers(tmp_path: Path):
     (tmp_path / "nb").mkdir()
     (tmp_path / "nb" / "day_01_naive.ipynb").write_text("{}")
     text = (
-        "intro\n<!-- curriculum:start -->\nold\n<!-- curriculum:end -->\n"
-        "mid\n<!-- results:start -->\nold\n<!-- results:end -->\nend\n"
+        "intro\n<!-- overview:start -->\nold\n<!-- overview:end -->\n"
+        "mid\n<!-- curriculum:start -->\nold\n<!-- curriculum:end -->\nend\n"
     )
     new = rt.render_readme(text, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb")
-    assert new.startswith("intro\n<!-- curriculum:start -->\n| day |") and new.endswith("<!-- results:end -->\nend\n")
-    assert "\nmid\n" in new and "old" not in new
+    assert new.startswith("intro\n<!-- overview:start -->\n![") and new.endswith("<!-- curriculum:end -->\nend\n")
+    assert "\nmid\n<!-- curriculum:start -->\n| day |" in new and "old" not in new
     assert "| 01 | [day_01_naive](notebooks/day_01_naive.ipynb) |" in new
     assert "| 02 | planned |" in new
     assert rt.render_readme(new, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb") == new
 
 
+def test_overview_takes_each_days_fastest_variant_of_one_run(tmp_path: Path):
+    """The first table: per day the variant with the best geomean over the problems it passed
+    (z_out's failed problem left out), from the quick run that covers the most days (the H200's
+    three days, not the L4's one)."""
+    _fake_results(tmp_path)
+    assert rt.overview_csv(tmp_path) == tmp_path / "nvidia-h200" / "quick.csv"
+    out = rt.overview_section(tmp_path)
+    assert "| 02 | one block z per filter | `z_out` | 4.00 | — |" in out  # geomean(2, 8)
+    assert "| 01 | one thread per output pixel | `naive` | 0.50 | — |" in out
+    assert "| 16 | Hopper: wgmma and TMA | — | — | — |" in out
+    assert "NVIDIA H200" in out and "(benchmarks/results/overview.png)" in out
+    assert rt.draw_overview(tmp_path / "o.png", tmp_path).stat().st_size > 10_000
+
+
+def test_curriculum_shows_the_gpu_and_the_measured_notebook_costs(tmp_path: Path):
+    """The GPU each day needs (day 16: sm_90a only), and from results/<gpu>/notebooks.csv each
+    notebook's run time and peak memory, with whether it fits an 8 GB laptop GPU."""
+    d = tmp_path / "nvidia-h100"
+    d.mkdir()
+    pd.DataFrame([
+        dict(notebook="day_01_naive", day=1, seconds=90.0, peak_gpu_mib=700, quick=True, gpu="NVIDIA H100",
+             date="2026-12-07"),
+        dict(notebook="day_08_im2col", day=8, seconds=150.0, peak_gpu_mib=12 * 1024, quick=True, gpu="NVIDIA H100",
+             date="2026-12-07"),
+    ]).to_csv(d / "notebooks.csv", index=False)  # fmt: skip
+    table = rt.curriculum_table(tmp_path, registered={1: ["naive"]}, results_dir=tmp_path)
+    rows = {ln.split(" | ")[0]: ln for ln in table.splitlines() if ln.startswith("| ")}
+    assert "| sm_75+ | 1.5 | 0.7 GiB | yes |" in rows["| 01"]
+    assert "| sm_75+ | 2.5 | 12.0 GiB | no |" in rows["| 08"]
+    assert "| sm_90a only | — | — | — |" in rows["| 16"] and "| sm_80+ |" in rows["| 13"]
+    assert "NVIDIA H100" in table.splitlines()[-1]
+
+
 def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
-    table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]})
-    lines = table.splitlines()
+    table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]}, results_dir=tmp_path)
+    lines = table.split("\n\n")[0].splitlines()
     assert len(lines) == 2 + 17 and lines[2].startswith("| 00 | planned |")
     assert lines[3].endswith("| `naive` |") and lines[6].endswith("| `a`, `b` |")
     assert lines[4].endswith("| *z_out* |")
@@ -153,7 +210,7 @@ def test_check_flag(tmp_path: Path):
     readme = tmp_path / "README.md"
     readme.write_text(README.read_text())
     assert rt.main(["--check", "--readme", str(readme)]) == 0
-    readme.write_text(README.read_text().replace("<!-- results:start -->\n", "<!-- results:start -->\nstale\n"))
+    readme.write_text(README.read_text().replace("<!-- overview:start -->\n", "<!-- overview:start -->\nstale\n"))
     assert rt.main(["--check", "--readme", str(readme)]) == 1
     assert rt.main(["--readme", str(readme)]) == 0
     assert readme.read_text() == README.read_text()

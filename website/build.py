@@ -6,7 +6,7 @@ with the outputs they were saved with), the README as the home page, every ``.md
 
 Links are rewritten while staging, so that what works on GitHub works on the site:
 
-* ``README.md`` becomes ``index.md``; notebooks and ``.md`` pages keep their paths;
+* ``README.md`` becomes ``index.md``; notebooks, ``.md`` pages and `TOP_PAGES` (``RESULTS.md``) keep their paths;
 * images and CSVs (``.png .jpg .jpeg .svg .gif .csv``) are copied as they are;
 * any other file a page links to (a ``.cu``, ``.py``, ``.sh``, ...) gets a page of its own, its
   text in a highlighted code block, at ``<path>.md`` (``kernels/conv2d/01_naive.cu.md``);
@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = ROOT / "build" / "site"
+TOP_PAGES = ("RESULTS.md",)  # Markdown pages at the repository's top, besides the README: pages of their own
 STAGE_DIR = ROOT / "build" / "site-src"
 SITE_NAME = "conv2d-days"
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv"}
@@ -111,7 +112,7 @@ class Stager:
             raise BuildError(f"{source}: the link {link!r} points to the folder {rel}; link a file")
         if rel == "README.md":
             mapped = "index.md"
-        elif resolved.suffix in (".ipynb", ".md") and rel.startswith("notebooks/"):
+        elif rel in TOP_PAGES or resolved.suffix in (".ipynb", ".md") and rel.startswith("notebooks/"):
             mapped = rel
         elif resolved.suffix.lower() in ASSET_SUFFIXES:
             mapped = rel
@@ -168,6 +169,8 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
     docs.mkdir(parents=True)
     st = Stager(docs)
     st.page("README.md", "index.md")
+    for p in TOP_PAGES:
+        st.page(p)
     pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.md"))
     for p in pages:
         st.page(p)
@@ -185,7 +188,7 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
     (docs / MATHJAX_DIR / "config" / "local" / "conv2d.js").write_text(MATHJAX_LOCAL_CONFIG)
 
     # Pages and days without a title: MkDocs (and mkdocs-jupyter, for a notebook) take the page's heading
-    nav = [{"Home": "index.md"}, *pages, {"Days": days}]
+    nav = [{"Home": "index.md"}, *pages, {"Days": days}, *({"Results": p} for p in TOP_PAGES)]
     nav.append({"Kernels": [{Path(k).name: k + ".md"} for k in kernels]})
     others = sorted(st.code_pages - set(kernels))
     if others:
