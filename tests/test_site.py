@@ -97,6 +97,31 @@ def test_every_page_opens_clean_in_chromium(site: Path):
         assert rep.images >= png_outputs(ROOT / d), d
 
 
+def test_the_site_works_under_a_sub_path(site: Path):
+    """Served as a project site (under /conv2d-days/), every page still opens clean: no URL is
+    written from the site's root (MathJax's was, and its maths showed as raw TeX there)."""
+    need_browser()
+    reports, problems = browse.audit(site, prefix="/conv2d-days/")
+    # 404.html is served at whatever URL was missing, so MkDocs writes its links and assets from
+    # the site's root (a deployment under a prefix sets site_url): the one page left out here
+    not_found = next(r.url for r in reports if r.url.endswith("/404.html"))
+    problems = [p for p in problems if not p.startswith(f"{not_found}: ")]
+    assert problems == [] and {r.url: r.problems for r in reports if r.problems and r.url != not_found} == {}
+
+
+def test_a_day_page_uses_the_width_and_shows_kernels_and_figures_readably(site: Path):
+    """At 1280 x 800 on day 12 (its kernel shown from its .cu file, its figures): the content
+    column is wide (the page's contents sit in the left navigation), the kernel source keeps its
+    lines whole (no break inside an identifier: white-space pre, word-break normal) at code size,
+    and a figure shrunk into the column opens at its full width when clicked."""
+    need_browser()
+    m = browse.layout(site, "notebooks/day_12_igemm_pipelined/")
+    assert m["content_px"] >= 900, m
+    assert m["kernel_white_space"] == "pre" and m["kernel_word_break"] == "normal", m
+    assert m["kernel_font_px"] <= 14, m
+    assert m["figure_natural_px"] and m["lightbox_px"] >= min(m["figure_natural_px"], 1200) - 2, m
+
+
 def test_the_audit_catches_planted_faults(tmp_path: Path):
     need_browser()
     (tmp_path / "index.html").write_text(

@@ -58,15 +58,28 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _PrefixHandler(_QuietHandler):
+    """Serves the folder under the URL path ``prefix`` (e.g. ``/conv2d-days/``, as a project site
+    is served); anything outside it answers 404."""
+
+    prefix = "/"
+
+    def translate_path(self, path: str) -> str:
+        if not path.startswith(self.prefix):
+            return os.path.join(self.directory, "\0outside-the-prefix")  # no such file: 404
+        return super().translate_path("/" + path[len(self.prefix) :])
+
+
 @contextlib.contextmanager
-def serve(site: Path):
-    """Serve folder ``site`` on 127.0.0.1 (a free port) in a thread; yield its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(site))
+def serve(site: Path, prefix: str = "/"):
+    """Serve folder ``site`` on 127.0.0.1 (a free port) in a thread under the URL path ``prefix``;
+    yield its base URL."""
+    handler = functools.partial(type("Handler", (_PrefixHandler,), {"prefix": prefix}), directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield f"http://127.0.0.1:{server.server_address[1]}{prefix}"
     finally:
         server.shutdown()
         server.server_close()
@@ -172,11 +185,12 @@ def search_results(page, base: str, term: str = SEARCH_TERM) -> int:
     return page.locator(".md-search-result__item").count()
 
 
-def audit(site: Path) -> tuple[list[PageReport], list[str]]:
-    """Visit every page of the built ``site``; return the per-page reports and the site-wide
-    problems (broken internal links; a search that finds nothing). Clean: every report's
-    ``problems`` and the second list are empty."""
-    with serve(site) as base, browser() as b:
+def audit(site: Path, prefix: str = "/") -> tuple[list[PageReport], list[str]]:
+    """Visit every page of the built ``site``, served under the URL path ``prefix``; return the
+    per-page reports and the site-wide problems (broken internal links; a search that finds
+    nothing). Clean: every report's ``problems`` and the second list are empty. Under a prefix
+    other than "/", a URL written from the site's root (``/assets/...``) is a failed request."""
+    with serve(site, prefix) as base, browser() as b:
         page = b.new_page()
         reports = [visit(page, url, base) for url in page_urls(site, base)]
         problems = check_links(site, base, reports)
@@ -186,6 +200,42 @@ def audit(site: Path) -> tuple[list[PageReport], list[str]]:
         except Exception as e:  # noqa: BLE001 - a timeout or a missing search box is the finding
             problems.append(f"search for {SEARCH_TERM!r} failed: {type(e).__name__}: {e}")
     return reports, problems
+
+
+LAYOUT_JS = """() => {
+  const kernel = [...document.querySelectorAll(".jp-RenderedMarkdown pre")]
+    .find(p => p.textContent.includes("__global__"));
+  const style = kernel ? getComputedStyle(kernel) : null;
+  const figures = [...document.querySelectorAll(".jp-OutputArea-output img")].filter(i => i.naturalWidth > 0);
+  const widest = figures.reduce((a, i) => (i.naturalWidth > (a ? a.naturalWidth : 0) ? i : a), null);
+  return {
+    content_px: document.querySelector(".md-content").getBoundingClientRect().width,
+    kernel_white_space: style && style.whiteSpace, kernel_word_break: style && style.wordBreak,
+    kernel_font_px: style && parseFloat(style.fontSize),
+    figure_natural_px: widest && widest.naturalWidth,
+    figure_shown_px: widest && widest.getBoundingClientRect().width,
+  };
+}"""
+
+
+def layout(site: Path, page_path: str, viewport: tuple[int, int] = (1280, 800)) -> dict:
+    """How page ``page_path`` of the built site lays out in Chromium at ``viewport``: the content
+    column's width (``content_px``), the first kernel source shown in a notebook output (its CSS
+    ``white-space``, ``word-break`` and font size in px), the widest figure's natural and rendered
+    width, and ``lightbox_px``: that figure's width once clicked (the site's lightbox), or 0."""
+    with serve(site) as base, browser() as b:
+        page = b.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        page.goto(base + page_path, wait_until="networkidle")
+        out = page.evaluate(LAYOUT_JS)
+        out["lightbox_px"] = 0
+        if out["figure_natural_px"]:
+            figures = page.locator(".jp-OutputArea-output img")
+            widest = max(range(figures.count()), key=lambda i: figures.nth(i).evaluate("e => e.naturalWidth"))
+            figures.nth(widest).click()
+            box = page.locator(".c2d-lightbox img")
+            if box.count():
+                out["lightbox_px"] = box.first.evaluate("e => e.getBoundingClientRect().width")
+        return out
 
 
 def write_screenshots(site: Path, out: Path = SCREENSHOT_DIR) -> list[Path]:

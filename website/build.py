@@ -44,8 +44,11 @@ SITE_NAME = "conv2d-days"
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv"}
 LANGUAGES = {".cu": "cuda", ".cuh": "cuda", ".py": "python", ".sh": "bash", ".toml": "toml", ".txt": "text",
              ".yml": "yaml", ".yaml": "yaml", ".json": "json", ".md": "markdown"}  # fmt: skip
+ASSETS_DIR = "assets/conv2d"  # website/assets: the site's own CSS and JavaScript
 MATHJAX_DIR = "assets/mathjax"
-# jupyter-server-mathjax ships MathJax 2 with this one full configuration (plus Safe)
+# jupyter-server-mathjax ships MathJax 2 with this one full configuration (plus Safe). The URL is
+# absolute here (mkdocs-jupyter puts it in every notebook page as it is); hooks.py makes it
+# relative to each page, so a site served under a sub-path (a project site) finds it too.
 MATHJAX_URL = f"/{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe,local/conv2d"
 # ... whose HTML-CSS output ships only the STIX-Web fonts: use those and no image fonts. Its
 # width probe, a font "MathJax_Blank" at url('about:blank'), is a request Chromium refuses with a
@@ -69,13 +72,35 @@ def day_notebooks() -> list[str]:
     return [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "notebooks").glob("day_*.ipynb"))]
 
 
+def taught_on(repo_path: str) -> tuple[list[str], list[str]]:
+    """(the day notebooks whose kernels are built from ``repo_path``, the other day notebooks that
+    name its file), each in order: the "taught on" and "also on" links of its code page."""
+    from helpers.variants import all_variants
+
+    name = Path(repo_path).name
+    days = {f"{v.day:02d}" for v in all_variants() if v.cu_file == name}
+    notebooks = [nb for nb in day_notebooks() if name in (ROOT / nb).read_text()]
+    taught = [nb for nb in notebooks if Path(nb).stem.split("_")[1] in days]
+    return taught, [nb for nb in notebooks if nb not in taught]
+
+
 def _code_page(repo_path: str) -> str:
-    """A page holding one repository file as a highlighted code block."""
+    """A page holding one repository file as a highlighted code block, under a line that links the
+    days that teach it and the others that name it (`taught_on`)."""
     path = ROOT / repo_path
     text = path.read_text()
     fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
     lang = LANGUAGES.get(path.suffix, "text")
-    return f'# `{repo_path}`\n\n{fence}{lang} linenums="1"\n{text.rstrip()}\n{fence}\n'
+    here = posixpath.dirname(repo_path)
+
+    def links(nbs: list[str]) -> str:
+        return ", ".join(f"[day {Path(nb).stem.split('_')[1]}]({posixpath.relpath(nb, here)})" for nb in nbs)
+
+    taught, named = taught_on(repo_path)
+    line = " ".join(x for x in (f"Taught on {links(taught)}." if taught else "",
+                                f"Also on {links(named)}." if named else "") if x)  # fmt: skip
+    head = f"# `{repo_path}`\n\n" + (f"{line}\n\n" if line else "")
+    return f'{head}{fence}{lang} linenums="1"\n{text.rstrip()}\n{fence}\n'
 
 
 def page_url(path: str) -> str:
@@ -183,6 +208,7 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
         out = docs / (rel + ".md")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(_code_page(rel))
+    shutil.copytree(Path(__file__).with_name("assets"), docs / ASSETS_DIR)
     shutil.copytree(_mathjax_static(), docs / MATHJAX_DIR)
     (docs / MATHJAX_DIR / "config" / "local").mkdir(parents=True, exist_ok=True)
     (docs / MATHJAX_DIR / "config" / "local" / "conv2d.js").write_text(MATHJAX_LOCAL_CONFIG)
@@ -204,8 +230,11 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
         "theme": {
             "name": "material",
             "font": False,
-            "features": ["navigation.footer", "navigation.sections", "search.highlight", "content.code.copy"],
+            "features": ["navigation.footer", "navigation.sections", "search.highlight", "content.code.copy",
+                         "toc.integrate"],
         },
+        "extra_css": [f"{ASSETS_DIR}/site.css"],
+        "extra_javascript": [f"{ASSETS_DIR}/site.js"],
         "plugins": [
             "search",
             {

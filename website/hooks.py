@@ -7,8 +7,11 @@ the TOC from Python-Markdown, which drops inline code from both the slug and the
 the heading the id of its full text (``check-correctness…``). The TOC lists the headings in page
 order, so each entry is matched to the next heading whose id contains the entry's words in order.
 
+`on_post_page`: the absolute MathJax URL mkdocs-jupyter writes into each notebook page
+(``/assets/mathjax/...``) made relative to the page, so the site works under a sub-path.
+
 Source: MkDocs hooks (https://www.mkdocs.org/user-guide/configuration/#hooks) and the
-``on_page_content`` event (https://www.mkdocs.org/dev-guide/plugins/#on_page_content).
+``on_page_content`` and ``on_post_page`` events (https://www.mkdocs.org/dev-guide/plugins/).
 """
 
 from __future__ import annotations
@@ -51,3 +54,13 @@ def on_page_content(html: str, page, config, files) -> str:
                 pos = i + 1
                 break
     return html
+
+
+ABSOLUTE_ASSETS = re.compile(r"""(\b(?:src|href)=["'])/(assets/)""")
+
+
+def on_post_page(output: str, page, config) -> str:
+    """Every ``src`` or ``href`` that starts at the site's root ``/assets/`` made relative to the page."""
+    depth = page.url.count("/")  # "" at the home page, "notebooks/day_01_naive/" two folders down
+    return ABSOLUTE_ASSETS.sub(lambda m: m.group(1) + "../" * depth + m.group(2), output)
+
