@@ -118,7 +118,7 @@ def test_readme_table_without_markers_is_a_message(tmp_path: Path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")
     assert rt_main(["--check", "--readme", str(readme)]) == 2
-    assert "must contain <!-- curriculum:start -->" in capsys.readouterr().err
+    assert "must contain <!-- overview:start -->" in capsys.readouterr().err
     assert rt_main(["--check", "--readme", str(tmp_path / "missing.md")]) == 2
 
 
