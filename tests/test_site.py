@@ -85,6 +85,14 @@ def test_the_site_loads_nothing_from_the_internet(site: Path):
         assert not re.findall(r"<(?:script|link|img)[^>]+(?:src|href)=\"(?:https?:)?//", text), page
 
 
+def test_search_quotes_the_text_not_the_prompts(site: Path):
+    """The search index holds each notebook's text and code, not its "In [3]:" prompts or the
+    copy buttons' "Copied!" notices (they came first in every code cell's search snippet)."""
+    docs = json.loads((site / "search" / "search_index.json").read_text())["docs"]
+    junk = [d["location"] for d in docs if re.search(r"In\xa0\[\d*\]:|Copied!", d["text"])]
+    assert junk == [] and any("cp.async" in d["text"] for d in docs)
+
+
 def test_every_page_opens_clean_in_chromium(site: Path):
     need_browser()
     reports, problems = browse.audit(site)

@@ -7,6 +7,9 @@ the TOC from Python-Markdown, which drops inline code from both the slug and the
 the heading the id of its full text (``check-correctness…``). The TOC lists the headings in page
 order, so each entry is matched to the next heading whose id contains the entry's words in order.
 
+It also marks a notebook's prompts ("In [3]:") and its copy buttons' "Copied!" notices
+``data-search-exclude``, so search results quote the text, not those.
+
 `on_post_page`: the absolute MathJax URL mkdocs-jupyter writes into each notebook page
 (``/assets/mathjax/...``) made relative to the page, so the site works under a sub-path.
 
@@ -38,9 +41,15 @@ def _flat(items) -> list:
     return [x for item in items for x in (item, *_flat(item.children))]
 
 
+# A notebook's input and output prompts ("In [3]:") and its copy buttons' "Copied!" notices:
+# shown on the page, kept out of the search index (Material's search skips data-search-exclude)
+NOT_SEARCHED = re.compile(r"""<(div class="jp-(?:Input|Output)Prompt[^"]*"|span class="notice")""")
+
+
 def on_page_content(html: str, page, config, files) -> str:
     if not page.file.src_path.endswith(".ipynb"):
         return html
+    html = NOT_SEARCHED.sub(lambda m: f"<{m.group(1)} data-search-exclude", html)
     headings = [(hid, _text(inner)) for _, hid, inner in HEADING.findall(html)]
     ids = {hid for hid, _ in headings}
     pos = 0
