@@ -121,13 +121,15 @@ def test_a_day_page_uses_the_width_and_shows_kernels_and_figures_readably(site: 
     """At 1280 x 800 on day 12 (its kernel shown from its .cu file, its figures): the content
     column is wide (the page's contents sit in the left navigation), the kernel source keeps its
     lines whole (no break inside an identifier: white-space pre, word-break normal) at code size,
-    and a figure shrunk into the column opens at its full width when clicked."""
+    a figure shrunk into the column opens at its full width when clicked, and the code that drew
+    a figure is folded above it."""
     need_browser()
     m = browse.layout(site, "notebooks/day_12_igemm_pipelined/")
     assert m["content_px"] >= 900, m
     assert m["kernel_white_space"] == "pre" and m["kernel_word_break"] == "normal", m
     assert m["kernel_font_px"] <= 14, m
     assert m["figure_natural_px"] and m["lightbox_px"] >= min(m["figure_natural_px"], 1200) - 2, m
+    assert 0 < m["plot_code_folded"] <= m["plot_cells"], m  # matplotlib code folded above its figure
 
 
 def test_the_audit_catches_planted_faults(tmp_path: Path):

@@ -214,6 +214,9 @@ LAYOUT_JS = """() => {
     kernel_font_px: style && parseFloat(style.fontSize),
     figure_natural_px: widest && widest.naturalWidth,
     figure_shown_px: widest && widest.getBoundingClientRect().width,
+    plot_cells: figures.length && [...document.querySelectorAll(".jp-CodeCell")]
+      .filter(c => c.querySelector(".jp-OutputArea-output img")).length,
+    plot_code_folded: document.querySelectorAll("details.c2d-plot-code:not([open])").length,
   };
 }"""
 
@@ -222,7 +225,9 @@ def layout(site: Path, page_path: str, viewport: tuple[int, int] = (1280, 800)) 
     """How page ``page_path`` of the built site lays out in Chromium at ``viewport``: the content
     column's width (``content_px``), the first kernel source shown in a notebook output (its CSS
     ``white-space``, ``word-break`` and font size in px), the widest figure's natural and rendered
-    width, and ``lightbox_px``: that figure's width once clicked (the site's lightbox), or 0."""
+    width, the code cells with a figure (``plot_cells``) and the plotting code folded under them
+    (``plot_code_folded``), and ``lightbox_px``: that figure's width once clicked (the site's
+    lightbox), or 0."""
     with serve(site) as base, browser() as b:
         page = b.new_page(viewport={"width": viewport[0], "height": viewport[1]})
         page.goto(base + page_path, wait_until="networkidle")

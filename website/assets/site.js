@@ -15,3 +15,18 @@ document.addEventListener("click", (event) => {
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape") document.querySelector(".c2d-lightbox")?.remove();
 });
+
+// A code cell that draws a figure (its output holds an image, its code calls matplotlib) shows
+// the figure and folds its code under "the plotting code": the figure is what the reader came for.
+document.querySelectorAll(".jp-CodeCell").forEach((cell) => {
+  const input = cell.querySelector(".jp-Cell-inputWrapper");
+  const code = input ? input.textContent : "";
+  if (!input || !cell.querySelector(".jp-OutputArea-output img") || !/\b(plt|ax|axes|fig)\./.test(code)) return;
+  const fold = document.createElement("details");
+  fold.className = "c2d-plot-code";
+  const summary = document.createElement("summary");
+  summary.textContent = "the plotting code";
+  fold.appendChild(summary);
+  input.parentNode.insertBefore(fold, input);
+  fold.appendChild(input);
+});
