@@ -38,14 +38,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="override the suite's dtype")
     ap.add_argument("--layout", default=None, choices=["NCHW", "NHWC"], help="override the suite's layout")
     ap.add_argument("--op", default="fprop", choices=["fprop", "dgrad", "wgrad"],
-                    help="the operation (default: fprop); dgrad/wgrad time cuDNN's backward baselines")  # fmt: skip
+                    help="the operation (default: fprop); dgrad/wgrad time cuDNN's backward baselines")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<gpu>)")
     ap.add_argument("--no-check", action="store_true", help="time without checking correctness first")
     ap.add_argument("--skip-big", action="store_true", help="leave out problems with tensors of >= 2^31 elements")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--tuned", nargs="?", const="default", default=None, metavar="CACHE",
                     help="also run each tunable variant's tuned flavour (<name>_tuned: the choice python -m "
-                         "benchmarks.tune cached, the rule's where none), from CACHE or the default cache")  # fmt: skip
+                         "benchmarks.tune cached, the rule's where none), from CACHE or the default cache")
     return ap.parse_args(argv)
 
 
@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not vs and args.op != "fprop" and not any(v.op == args.op for v in variants.all_variants()):
         print(f"python -m benchmarks: no variant computes {args.op} yet: timing cuDNN's {args.op} baseline only",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
     elif not vs:
         takes = sorted({f"{d} {layout}" for v in variants.all_variants() for d in v.dtypes for layout in v.layouts})
         print(f"python -m benchmarks: no variant takes {args.dtype or 'fp32'} {args.layout or 'NCHW'}; "
-              f"the variants take: {', '.join(takes)} (e.g. --dtype fp16 --layout NHWC)", file=sys.stderr)  # fmt: skip
+              f"the variants take: {', '.join(takes)} (e.g. --dtype fp16 --layout NHWC)", file=sys.stderr)
         return 2
 
     if not gpu.has_gpu():
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = gpu.versions()
     with cudnn_fp32_ieee() as prec:
         meta = {**meta, "cudnn_fp32_precision": prec, "suite": args.suite,
-                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
+                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}
     stem = args.suite if args.op == "fprop" else f"{args.suite}_{args.op}"
     if args.dtype or args.layout:
         stem += "_" + "_".join(s for s in (args.dtype, args.layout) if s)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - bench records per-(variant, problem) faults; this is anything else
         print(f"\npython -m benchmarks stopped: {type(e).__name__}: {e}\n{csv} holds the problems finished "
-              "so far (if any); it is partial", file=sys.stderr)  # fmt: skip
+              "so far (if any); it is partial", file=sys.stderr)
         return 1
     df = df.assign(**meta)
     df.to_csv(csv, index=False)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     label = "geomean x cuDNN" + (" (unchecked)" if args.no_check else "")
     print(f"\n{label}:", ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
     print(f"wrote {out / stem}.csv and .png  ({meta['gpu']}, driver {meta['driver']}, CUDA {meta['cuda']}, "
-          f"torch {meta['torch']}, cuDNN {meta['cudnn']})")  # fmt: skip
+          f"torch {meta['torch']}, cuDNN {meta['cudnn']})")
     failed = df[df.ok == False]  # noqa: E712 - ok is True/False/None
     if len(failed):
         print(f"\n{len(failed)} FAILED checks or faults:", file=sys.stderr)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variants and idle:  # asked for by name, yet nothing was checked or timed
         print(f"\npython -m benchmarks: {', '.join(idle)} ran on no problem of the {args.suite} suite "
               f"({', '.join(sorted(set(df.status[df.variant.isin(idle)].str.split(':').str[0])))})",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 1
     ours = df[df.status != "baseline"]
     done = ours.ms_p50.notna() if args.no_check else ours.ok.notna()
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         pinned = " ".join(s for s in (args.dtype, args.layout) if s)
         print(f"\npython -m benchmarks: no variant was {'timed' if args.no_check else 'checked'} on any problem of "
               f"the {args.suite} suite{' in ' + pinned if pinned else ''} ({why}): nothing was verified",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 1
     return 0
 

@@ -134,7 +134,7 @@ def record(rows: list[dict], results: Path) -> Path:
 
     v = gpu.versions()
     meta = {"gpu": v["gpu"], "driver": v["driver"], "cuda": v["cuda"], "torch": v["torch"],
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}  # fmt: skip
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}
     csv = results / gpu.gpu_slug(v["gpu"]) / "notebooks.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     new = pd.DataFrame([{**r, **meta} for r in rows])
@@ -163,7 +163,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
     ap.add_argument("--full", action="store_true", help="run with QUICK = False (bigger sweeps, every edge problem)")
     ap.add_argument("--no-record", dest="record", action="store_false",
-                    help="do not write the run times and peak memory to results/<gpu>/notebooks.csv")  # fmt: skip
+                    help="do not write the run times and peak memory to results/<gpu>/notebooks.csv")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in paths if not p.is_file()]
     if missing or not paths:
         print(f"python -m benchmarks.notebooks: no such notebook: {', '.join(map(str, missing)) or 'none found'}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 2
     os.environ[QUICK_ENV] = "0" if args.full else "1"
     failed, measured = [], []
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         save(nb, path)
         mib = None if peak is None else round(peak / 2**20)
         measured.append({"notebook": path.stem, "day": int(path.stem.split("_")[1]), "seconds": round(dt, 1),
-                         "peak_gpu_mib": mib, "quick": not args.full})  # fmt: skip
+                         "peak_gpu_mib": mib, "quick": not args.full})
         print(f"ok      {path.name} ({dt:.0f} s, peak GPU memory {mib} MiB), outputs saved", flush=True)
     if measured and args.record:
         print(f"recorded run time and peak GPU memory in {record(measured, args.results)}")

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except KeyError as e:
             print(f"python -m benchmarks.plot: {p} lacks the column {e} that python -m benchmarks writes",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
             return 2
     return 0
 

@@ -8,7 +8,7 @@ README.md has two sections, each between a pair of HTML comment markers:
 
 * ``overview``: the first picture and table, each day's fastest variant against cuDNN on the
   ``quick`` suite, one run on one GPU (`overview_section`, `draw_overview`);
-* ``curriculum``: the day table of design.md with the GPU each day needs, its notebook's run
+* ``curriculum``: the day table (`CURRICULUM`) with the GPU each day needs, its notebook's run
   time and peak GPU memory as ``python -m benchmarks.notebooks`` measured them
   (``results/<gpu>/notebooks.csv``); a day links its notebook when ``notebooks/day_NN_*.ipynb``
   exists and says "planned" otherwise, and lists its registered variants
@@ -44,7 +44,7 @@ NOTEBOOKS = ROOT / "notebooks"
 NO_RESULTS = "No results committed yet."
 SUITE_ORDER = ["quick", "seed", "resnet50", "depthwise", "edge"]
 
-# (day, idea, planned variants): the curriculum of design.md.
+# (day, idea, planned variants): the curriculum.
 CURRICULUM = [
     (0, "setup: GPU facts, what conv2d computes (filter a real photo), harness tour", "—"),
     (1, "one thread per output pixel", "naive"),
@@ -69,7 +69,7 @@ CURRICULUM = [
          "it never saw", "tuner"),
     (16, "Hopper: wgmma, TMA (tiled + im2col), mbarriers, warp specialisation, persistent blocks (sm_90a only)",
      "igemm_wgmma"),
-]  # fmt: skip
+]
 
 
 # A few words per day, for the README's first table.
@@ -79,7 +79,7 @@ SHORT = {
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
     14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: wgmma and TMA",
-}  # fmt: skip
+}
 # The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel).
 DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), "")}
 LAPTOP_MIB = 8 * 1024  # "fits an 8 GB laptop GPU": its peak under this (the display and driver take some)
@@ -138,24 +138,24 @@ def notebook_costs(results_dir: Path = RESULTS) -> dict[int, dict]:
         for r in df.itertuples():
             if r.day not in out or str(r.date) > out[r.day]["date"]:
                 out[int(r.day)] = {"minutes": r.seconds / 60, "peak_gpu_mib": r.peak_gpu_mib, "gpu": str(r.gpu),
-                                   "date": str(r.date)}  # fmt: skip
+                                   "date": str(r.date)}
     return out
 
 
 def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] | None = None,
-                     results_dir: Path = RESULTS) -> str:  # fmt: skip
+                     results_dir: Path = RESULTS) -> str:
     """The day table as markdown: the notebook, the idea, the GPU it needs (`day_gpu`), the run time
     and peak GPU memory measured when it was last executed (`notebook_costs`; "—" before), whether
     that fits an 8 GB laptop GPU, and the variants.
 
     A day links its notebooks (``notebooks/day_NN_*.ipynb``) where they exist, else says
     "planned"; its variants are the registered ones (in backticks) or, before they exist, the
-    plan of design.md (in italics).
+    plan of `CURRICULUM` (in italics).
     """
     registered = registered_by_day() if registered is None else registered
     gpus, costs = day_gpu(), notebook_costs(results_dir)
     lines = ["| day | notebook | idea | GPU | run (min) | peak GPU memory | 8 GB laptop | variants |",
-             "|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
+             "|---|---|---|---|---:|---:|---|---|"]
     for day, idea, plan in CURRICULUM:
         nbs = sorted(nb_dir.glob(f"day_{day:02d}_*.ipynb"))
         cell = ", ".join(f"[{p.stem}](notebooks/{p.name})" for p in nbs) or "planned"
@@ -172,7 +172,7 @@ def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] 
     note = (f"Run time and peak GPU memory: the notebook executed with `QUICK = True` on {', '.join(measured)} "
             "(`python -m benchmarks.notebooks`, which measures both); a laptop GPU takes longer."
             if measured else "Run time and peak GPU memory are measured when the notebooks are next executed "
-            "(`python -m benchmarks.notebooks` records both); not yet.")  # fmt: skip
+            "(`python -m benchmarks.notebooks` records both); not yet.")
     return "\n".join(lines) + "\n\n" + note
 
 
@@ -254,7 +254,7 @@ def draw_overview(path: Path = OVERVIEW_PNG, results_dir: Path = RESULTS) -> Pat
     fig, ax = plt.subplots(figsize=(10, 3.8), dpi=120)
     width = 0.4
     for k, (label, data, color) in enumerate(((f"{OVERVIEW_SUITE} suite", best, "#4c72b0"),
-                                              ("ResNet-50 layers", resnet, "#dd8452"))):  # fmt: skip
+                                              ("ResNet-50 layers", resnet, "#dd8452"))):
         xs = [i + (k - 0.5) * width for i, d in enumerate(days) if d in data]
         ys = [data[d][1] for d in days if d in data]
         bars = ax.bar(xs, ys, width, label=label, color=color)
@@ -307,7 +307,7 @@ def results_table(csv: Path) -> str:
         f"[CSV](benchmarks/results/{csv.parent.name}/{csv.name})"
     )
     rows = ["| variant | day | runs in | problems checked | passed | timed | geomean ×cuDNN |",
-            "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+            "|---|---:|---|---:|---:|---:|---:|"]
     refused, skipped = [], []
     labels = [f"{v} (unchecked)" if st == "unchecked" else v for v, st in zip(df["variant"], df["status"])]
     df = df.assign(_label=labels)
@@ -341,7 +341,7 @@ def results_table(csv: Path) -> str:
         rows += ["", f"{len(refused)} variant(s) refused every problem of this suite: {', '.join(refused)}."]
     if skipped:
         rows += ["", f"{len(skipped)} variant(s) skipped every problem (not enough device memory, or no input kind "
-                     f"applies): {', '.join(skipped)}."]  # fmt: skip
+                     f"applies): {', '.join(skipped)}."]
     return "\n".join([heading, "", versions, "", *rows])
 
 
@@ -369,11 +369,11 @@ def tuning_table(gpu_dir: Path) -> str:
         tuned = geo(ok.x_cudnn) if "x_cudnn" in ok else "—"
         rule = geo(ok.rule_x_cudnn) if "rule_x_cudnn" in ok else "—"
         rows.append(f"| [{csv.stem.removeprefix(TUNE_PREFIX)}](benchmarks/results/{gpu_dir.name}/{csv.name}) | "
-                    f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} |")  # fmt: skip
+                    f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} |")
     if not rows:
         return ""
     head = ["| tuning run | problems tuned | tune s (sum) | tuned ×cuDNN | rule ×cuDNN | tuned / exhaustive best |",
-            "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+            "|---|---:|---:|---:|---:|---:|"]
     return "\n".join([f"### {gpu} — tuning (`python -m benchmarks.tune`)", "", *head, *rows])
 
 
@@ -381,7 +381,7 @@ def results_section(results_dir: Path = RESULTS) -> str:
     """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
     tuning runs (`tuning_table`); or `NO_RESULTS`."""
     csvs = sorted((p for p in results_dir.glob("*/*.csv") if not p.name.startswith(TUNE_PREFIX)),
-                  key=lambda p: (p.parent.name, _csv_key(p)))  # fmt: skip
+                  key=lambda p: (p.parent.name, _csv_key(p)))
     tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
     if not csvs and not tuning:
         return NO_RESULTS
@@ -404,7 +404,7 @@ def render_results(results_dir: Path = RESULTS) -> str:
     return ("# Results\n\nEvery committed run of `python -m benchmarks` and `python -m benchmarks.tune`, by GPU and "
             "suite (generated by `python -m benchmarks.readme_table` from `benchmarks/results/`; the caveats that "
             "go with these numbers are in the [README](README.md#caveats)).\n\n"
-            + results_section(results_dir) + "\n")  # fmt: skip
+            + results_section(results_dir) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

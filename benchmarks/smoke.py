@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.smoke", description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", nargs="+", default=None, help="variant names (default: all registered)")
     ap.add_argument("--configs", action="store_true",
-                    help="run every compiled configuration of variants that have several, forced")  # fmt: skip
+                    help="run every compiled configuration of variants that have several, forced")
     args = ap.parse_args(argv)
     from helpers import gpu, variants
     from helpers.check import check
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         r = check(v, p)
         why = "" if r.ok else f"; {r.reason}"
         print(f"{'ok  ' if r.ok else 'FAIL'}  {v.name:22s} {p.name} ({p.dtype} {p.layout}) {r.kind}: "
-              f"worst err / bound {r.worst_err_over_bound:.3g}{why}", flush=True)  # fmt: skip
+              f"worst err / bound {r.worst_err_over_bound:.3g}{why}", flush=True)
         if not r.ok:
             failed.append(v.name)
     if failed:

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layout", default="NHWC", choices=["NHWC"], help="layout (default: NHWC)")
     ap.add_argument("--budget", type=float, default=None, help="seconds per variant; later problems are left")
     ap.add_argument("--keep", type=at_least_one, default=None,
-                    help="candidates timed after pruning, 1 or more (default: tune.KEEP)")  # fmt: skip
+                    help="candidates timed after pruning, 1 or more (default: tune.KEEP)")
     ap.add_argument("--exhaustive", action="store_true", help="also time every candidate (the best_ms column)")
     ap.add_argument("--cache", type=Path, default=None, help="cache file (default: tune.default_cache_path())")
     ap.add_argument("--cold", action="store_true", help="start from an empty cache (a temporary file)")
@@ -94,7 +94,7 @@ def write_sweep(df, path: Path) -> None:
 
     rows = [{"problem": prob, "config": cfg, "model_us": round(m, 3), "ms": float(f"{ms:.4g}")}
             for prob, sw in zip(df.problem, df.sweep) if isinstance(sw, dict)
-            for cfg, (m, ms) in sw.items()]  # fmt: skip
+            for cfg, (m, ms) in sw.items()]
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         keep = tune.KEEP if args.keep is None else args.keep
         df = tune.tune(space.variant, problems, cache, keep=keep, exhaustive=args.exhaustive,
-                       budget_s=args.budget, progress=not args.no_progress)  # fmt: skip
+                       budget_s=args.budget, progress=not args.no_progress)
         wall_s = time.perf_counter() - t0
         stem = out_dir / f"tune_{args.suite}_{space.variant}_{args.dtype}_{args.layout}"
         if "sweep" in df:

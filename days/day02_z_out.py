@@ -48,7 +48,7 @@ def z_out_supports(p: Conv2dProblem) -> str | None:
                         "the last channels' filters would be read at a wrapped offset")
         or input_reach_reason(p)
         or tap_offset_reason(p, every_tap=False)
-    )  # fmt: skip
+    )
 
 
 def z_out_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:

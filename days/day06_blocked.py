@@ -138,7 +138,7 @@ def _covers(p: Conv2dProblem, cfg: LaunchConfig, defines: dict, kt_rule, bm_rule
         # x*128 .. +127 (stores guarded by < K and < HW); blockIdx.z the images n = z, z + gridDim.z, ...
         bm = bm_rule(p)
         visits = np.outer(np.bincount(np.arange(cfg.grid[1]), minlength=cdiv(p.K, bm)),
-                          np.bincount(np.arange(cfg.grid[0]), minlength=cdiv(p.H * p.W, GEMM_BN)))  # fmt: skip
+                          np.bincount(np.arange(cfg.grid[0]), minlength=cdiv(p.H * p.W, GEMM_BN)))
         per_image = gemm_writes(p.K, p.H * p.W, bm, GEMM_BN, visits)
         imgs = grid_stride_counts(p.N, 1, cfg.grid[2])
         return (imgs[:, None] * per_image[None, :]).ravel()
@@ -182,7 +182,7 @@ def make_blocked(
         supports_fn=partial(blocked_supports, defines=d, kt_rule=kt_rule),
         launches_fn=single_kernel(partial(_entry, kt_rule=kt_rule, bm_rule=bm_rule),
                                   partial(_launch, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
-                                  "x w y N C H W K"),  # R and S are compiled in  # fmt: skip
+                                  "x w y N C H W K"),  # R and S are compiled in
         covers_fn=partial(_covers, defines=d, kt_rule=kt_rule, bm_rule=bm_rule),
         defines=d,
     )

@@ -78,7 +78,7 @@ def general_supports(p: Conv2dProblem) -> str | None:
         return reason
     if (p.N * p.P * p.Q) % (d["GEN_BLOCK"] * d["GEN_PPT"]) and p.R > 1:  # threads past the last pixel exist
         return int32_reason("hb + r*dh with hb = H (a thread past the last pixel)",
-                            p.H + (p.R - 1) * p.dilation[0], "its row test")  # fmt: skip
+                            p.H + (p.R - 1) * p.dilation[0], "its row test")
     return None
 
 
@@ -220,7 +220,7 @@ def depthwise_int32_reason(p: Conv2dProblem, pl: int, tp: int, g: dict) -> str |
         or int32_reason("the last column tile's input column: q0*sw, then (w0 + TW - 1) and its chunks up to wc + 3",
                         max(q0 * sw, w_end // 4 * 4 + 3), "the chunk count n_ch would go negative: no fill")
         or int32_reason("the row step dh*pitch", dh * (g["TW"] + 8), "the filter-row step in the tile")
-    )  # fmt: skip
+    )
     if reason:
         return reason
     if p.N > 1 and p.C + pl - 2 > INT32_MAX:

@@ -113,7 +113,7 @@ def im2col_launches(p: Conv2dProblem, epilogue=None) -> list[KernelLaunch]:
                      pack(p, "x workspace N C H W R S P Q stride_h stride_w pad_h pad_w dil_h dil_w")),
         KernelLaunch("gemm", gemm_entry(p), gemm_launch(p),
                      pack(p, "workspace w y GM GN GK", GM=np.int32(m), GN=np.int32(p.K), GK=np.int32(gk))),
-    ]  # fmt: skip
+    ]
 
 
 def im2col_supports(p: Conv2dProblem) -> str | None:
@@ -171,7 +171,7 @@ def gemm_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
     row_hits, col_hits = _tile_hits(bn)
     m_tiles, n_tiles = cdiv(m, GEMM_BM), cdiv(p.K, bn)
     visits = np.outer(grid_stride_counts(m_tiles, 1, cfg.grid[1]),
-                      np.bincount(np.arange(cfg.grid[0]), minlength=n_tiles)[:n_tiles])  # fmt: skip
+                      np.bincount(np.arange(cfg.grid[0]), minlength=n_tiles)[:n_tiles])
     return gemm_writes(m, p.K, GEMM_BM, bn, visits, row_hits, col_hits)
 
 

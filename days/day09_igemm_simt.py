@@ -140,7 +140,7 @@ def make_igemm(name: str = "igemm_simt", tile_rule: Callable[[Conv2dProblem], Ti
         summary="implicit GEMM, CUDA cores: up to 128x128 tiles, 8x8 per thread, float4 loads, double buffering",
         supports_fn=igemm_supports,
         launches_fn=single_kernel(partial(_entry, tile_rule=tile_rule), partial(_launch, tile_rule=tile_rule),
-                                  f"x w y {FULL_SIZES} groups"),  # fmt: skip
+                                  f"x w y {FULL_SIZES} groups"),
         covers_fn=lambda p, cfg: tile_covers(p, cfg, tile_rule(p)),
         layouts=("NHWC",),
         tensor_check_fn=igemm_pointer_check,
@@ -156,7 +156,7 @@ register(
         supports_fn=igemm_supports,
         launches_fn=single_kernel("conv2d_igemm_simt_analytic",
                                   partial(_launch, tile_rule=lambda p: Tile(*ANALYTIC_TILE)),
-                                  f"x w y {FULL_SIZES} groups"),  # fmt: skip
+                                  f"x w y {FULL_SIZES} groups"),
         covers_fn=lambda p, cfg: tile_covers(p, cfg, Tile(*ANALYTIC_TILE)),
         layouts=("NHWC",),
     )

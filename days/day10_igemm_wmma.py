@@ -82,7 +82,7 @@ def wmma_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
     col_offs = (WN * wn + 8 * lc + e).ravel()  # the 128 channels of a block, as stored
     visits = tile_visits(cfg.grid, cdiv(p.gemm.m, BM), cdiv(p.K, BN))
     return gemm_writes(p.gemm.m, p.K, BM, BN, visits, np.bincount(row_offs, minlength=BM),
-                       np.bincount(col_offs, minlength=BN))  # fmt: skip
+                       np.bincount(col_offs, minlength=BN))
 
 
 def wmma_tensor_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:

@@ -193,7 +193,7 @@ def replay(events: list[tuple], stages: int) -> pd.DataFrame:
         for s, (st, g, _) in slots.items():
             row[f"slot {s}"] = f"{st}" + ("" if g < landed else " (in flight)")
     cols = ["phase", "cp.async step→slot", "groups committed", "groups landed", "ldmatrix step.kk@slot→buf",
-            "mma.sync step.kk", "its copy was issued in"] + [f"slot {s}" for s in range(stages)]  # fmt: skip
+            "mma.sync step.kk", "its copy was issued in"] + [f"slot {s}" for s in range(stages)]
     return pd.DataFrame(rows).reindex(columns=cols).astype(object).fillna("").set_index("phase")
 
 

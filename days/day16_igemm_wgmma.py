@@ -152,7 +152,7 @@ def w_map(p: Conv2dProblem, cfg: WgmmaConfig) -> TiledMap:
     e = ELEMENT_BYTES[p.dtype]
     rows = cfg.bn // CLUSTER if cfg.mode == "cluster" else cfg.bn  # a pair's producers copy half of B each
     return TiledMap(dtype=p.dtype, dims=(p.C, p.S, p.R, p.K), strides=(p.C * e, p.S * p.C * e, p.R * p.S * p.C * e),
-                    box=(BK, 1, 1, rows))  # fmt: skip
+                    box=(BK, 1, 1, rows))
 
 
 def y_map(p: Conv2dProblem) -> TiledMap:
@@ -196,7 +196,7 @@ def ring_reason(p: Conv2dProblem, cfg: WgmmaConfig, blocks: int | None = None) -
     if ring <= INT32_MAX:
         return None
     return (f"a block's ring steps, (tiles per block + 1) x GEMM-K steps = {ring}, do not fit the kernel's "
-            f"32-bit ring counter u (at most {INT32_MAX})")  # fmt: skip
+            f"32-bit ring counter u (at most {INT32_MAX})")
 
 
 def ring_steps(p: Conv2dProblem, cfg: WgmmaConfig, blocks: int | None = None) -> int:
@@ -339,7 +339,7 @@ def wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig) -> li
     ints = (p.gemm.m, p.K, p.P, p.Q, sh, sw, ph, pw, dh, dw, p.S, p.R * p.S, cdiv(p.C, BK), cfg.group_m)
     ymap = TensorMap("y", y_map(p)) if p.K % 8 == 0 else UNUSED_MAP
     args = (TensorMap("x", x_map(p, cfg)), TensorMap("w", w_map(p, cfg)), ymap, Buffer("y"), Buffer("cin"),
-            Buffer("bias"), *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])  # fmt: skip
+            Buffer("bias"), *(np.int32(v) for v in ints), ep["alpha"], ep["beta"], ep["relu"])
     config = LaunchConfig(grid=(grid_blocks(p, cfg), 1, 1), block=(cfg.threads, 1, 1), shared_bytes=cfg.shared_bytes)
     return [KernelLaunch("main", cfg.entry(p.dtype), config, args)]
 
@@ -479,13 +479,13 @@ def capped(config: WgmmaConfig | str, units: int, name: str = "igemm_wgmma") -> 
     cfg = BY_NAME[config] if isinstance(config, str) else config
     if cfg.mode not in PERSISTENT_MODES or units < 1:
         raise ValueError(f"{cfg.name}: only the schedules whose blocks loop over tiles ({', '.join(PERSISTENT_MODES)}) "
-                         f"can run on a capped grid, of 1 unit or more; got {units}")  # fmt: skip
+                         f"can run on a capped grid, of 1 unit or more; got {units}")
     blocks = units * (CLUSTER if cfg.mode in CLUSTER_MODES else 1)
     v = make_wgmma(f"{name}[{cfg.name}]", cfg)
     ring = lambda p: ring_reason(p, cfg, min(blocks, grid_blocks(p, cfg)))  # noqa: E731 - the capped grid's
     v = replace(v, supports_fn=lambda p: problem_reason(p, cfg) or ring(p))
     return v.with_output_launch(lambda launch: replace(launch, grid=(min(launch.grid[0], blocks), 1, 1)),
-                                name=f"{v.name}_grid{blocks}")  # fmt: skip
+                                name=f"{v.name}_grid{blocks}")
 
 
 register(make_wgmma())

@@ -50,7 +50,7 @@ PROBLEM_SCALARS = {
     "stride_h": lambda p: p.stride[0], "stride_w": lambda p: p.stride[1],
     "pad_h": lambda p: p.padding[0], "pad_w": lambda p: p.padding[1],
     "dil_h": lambda p: p.dilation[0], "dil_w": lambda p: p.dilation[1], "groups": lambda p: p.groups,
-}  # fmt: skip
+}
 TENSORS = ("x", "w", "y", "dx", "dw", "dy", "workspace", "cin", "bias")  # names that become `Buffer`s
 
 # The argument lists the days' kernels share (after this, a kernel's own names follow).
@@ -93,7 +93,7 @@ def pack(p: Conv2dProblem, names: str, **values) -> tuple:
         else:
             given = ", ".join(values) or "none"
             raise ValueError(f"pack: {nm!r} is not a tensor ({', '.join(TENSORS)}), a problem scalar "
-                             f"({', '.join(PROBLEM_SCALARS)}) or a given value ({given})")  # fmt: skip
+                             f"({', '.join(PROBLEM_SCALARS)}) or a given value ({given})")
     unused = set(values) - used
     if unused:
         raise ValueError(f"pack: values {sorted(unused)} are not in the argument list {names!r}")
@@ -181,7 +181,7 @@ def gemm_tile_launch(p: Conv2dProblem, bm: int, bn: int, threads: int, shared_by
     (ceil(GEMM-M / bm), ceil(GEMM-N / bn), 1) of ``threads``-thread blocks with ``shared_bytes``
     of dynamic shared memory (0: static shared memory only, days 09-11)."""
     return LaunchConfig(grid=(cdiv(p.gemm.m, bm), cdiv(p.gemm.n, bn), 1), block=(threads, 1, 1),
-                        shared_bytes=shared_bytes)  # fmt: skip
+                        shared_bytes=shared_bytes)
 
 
 def blocks(p: Conv2dProblem, tile) -> int:
@@ -315,7 +315,7 @@ def input_reach_reason(
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     for expr, n, st, pad, taps, dil, tap in (
         ("p*sh - ph + r*dh", rows, sh, ph, taps_r, dh, "r"), ("q*sw - pw + s*dw", cols, sw, pw, p.S, dw, "s")
-    ):  # fmt: skip
+    ):
         reach = axis_reach(n, st, pad, taps, dil)
         if reach > INT32_MAX:
             out = expr[0]
@@ -334,4 +334,4 @@ def tap_offset_reason(p: Conv2dProblem, every_tap: bool) -> str | None:
     if not every_tap:
         r_max, s_max = min(r_max, p.H - 1 + p.padding[0]), min(s_max, p.W - 1 + p.padding[1])
     return int32_reason(f"the filter offset r*S + s (r <= {r_max}, s <= {s_max})", r_max * p.S + s_max,
-                        "w would be read at a wrapped, negative offset")  # fmt: skip
+                        "w would be read at a wrapped, negative offset")

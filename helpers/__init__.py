@@ -20,4 +20,4 @@ __all__ = [
     "Conv2dProblem", "Epilogue", "NoGPUError", "UnsupportedProblem", "all_variants", "bench", "check",
     "check_epilogue", "device_info", "geomean_x_cudnn", "get", "has_gpu", "prepare", "reference", "run",
     "suite", "versions",
-]  # fmt: skip
+]

@@ -24,7 +24,7 @@ from .problem import Conv2dProblem
 COLUMNS = [
     "variant", "day", "problem", "ok", "status", "ms_p50", "ms_p20", "ms_p80", "reps",
     "tflops", "gbps", "x_cudnn", "rel_l2", "worst_err_over_bound", "exact",
-]  # fmt: skip
+]
 
 
 @contextlib.contextmanager
@@ -162,7 +162,7 @@ class _SuiteProblem:
                 t = time_gpu(cudnn_launcher(p, *self.inputs(p)), **self.timing_kw)
                 self._ms[p] = t.ms_p50
                 self.rows.append(_row(p, name, 0, status="baseline", ms_p50=t.ms_p50, ms_p20=t.ms_p20,
-                                      ms_p80=t.ms_p80, reps=t.reps, x_cudnn=1.0, **_rates(p, t.ms_p50)))  # fmt: skip
+                                      ms_p80=t.ms_p80, reps=t.reps, x_cudnn=1.0, **_rates(p, t.ms_p50)))
             except Exception as e:  # noqa: BLE001 - e.g. cuDNN refusing a shape: record, keep going
                 self.rows.append(_row(p, name, 0, status=f"error: {str(e).splitlines()[0][:200]}"))
         return self._ms[p]
@@ -289,7 +289,7 @@ def _bench_one(v, p: Conv2dProblem, runs: _SuiteProblem, info, check: bool, kind
     t = time_gpu(launch, **timing_kw)
     return _row(p, v.name, v.day, ok=True if check else None, status="ok" if check else "unchecked",
                 ms_p50=t.ms_p50, ms_p20=t.ms_p20, ms_p80=t.ms_p80, reps=t.reps,
-                x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs)  # fmt: skip
+                x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs)
 
 
 REFERENCE_BAND_BYTES = 6 * 2**26 * 8  # `helpers.check.compare`'s float64 bands: reference, |x|·|w| scale, errors
@@ -314,7 +314,7 @@ def _too_big(problems: list[Conv2dProblem]) -> str:
     if need <= free:
         return ""
     return (f"needs about {need / 1e9:.1f} GB of device memory (inputs, outputs, reference bands); "
-            f"{free / 1e9:.1f} GB free")  # fmt: skip
+            f"{free / 1e9:.1f} GB free")
 
 
 def geomean(values) -> float:

@@ -162,7 +162,7 @@ def reference_band(
         return torch.nn.grad.conv2d_weight(
             xs, (p.K, p.C_per_group, p.R, p.S), dys,
             stride=p.stride, padding=(0, p.padding[1]), dilation=p.dilation, groups=p.groups,
-        )  # fmt: skip
+        )
     # dgrad: dx row h = p·sh − ph + r·dh takes dy rows p in [ceil((h − span + ph)/sh), floor((h + ph)/sh)]
     sh, dh, ph = p.stride[0], p.dilation[0], p.padding[0]
     span = dh * (p.R - 1)
@@ -179,7 +179,7 @@ def reference_band(
     t = torch.nn.grad.conv2d_input(
         (n1 - n0, p.C, rows, p.W), ws, dys,
         stride=p.stride, padding=(0, p.padding[1]), dilation=p.dilation, groups=p.groups,
-    )  # fmt: skip
+    )
     t0 = p_lo * sh - ph  # the dx row of t's first row (may lie in the padding)
     lo, hi = max(r0, t0), min(r1, t0 + rows)
     if lo < hi:

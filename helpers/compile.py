@@ -117,7 +117,7 @@ def load_kernel(
         from pycuda.compiler import compile as nvcc_cubin
 
         cubin = nvcc_cubin(kernel_path(cu_file).read_text(), options=NVCC_OPTIONS + define_flags(defines),
-                           no_extern_c=True, arch=arch, include_dirs=[str(KERNEL_DIR)])  # fmt: skip
+                           no_extern_c=True, arch=arch, include_dirs=[str(KERNEL_DIR)])
         mod = _modules[key] = drv.module_from_buffer(cubin)
         _cubins[key] = cubin
     fn = mod.get_function(entry)
@@ -188,7 +188,7 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
         src, defines = item
         try:
             return nvcc_cubin(src, options=NVCC_OPTIONS + define_flags(defines), no_extern_c=True, arch=arch,
-                              include_dirs=[str(KERNEL_DIR)])  # fmt: skip
+                              include_dirs=[str(KERNEL_DIR)])
         except Exception:  # noqa: BLE001 - reported by the load_kernel that needs it
             return None
 
@@ -385,7 +385,7 @@ def _nvcc_compile_cached(
         cmd = [
             "nvcc", "-cubin", f"-arch={arch}", "-Xptxas", "-v", *NVCC_OPTIONS,
             *define_flags(dict(defines)), "-I", str(KERNEL_DIR), str(path), "-o", str(Path(tmp) / "k.cubin"),
-        ]  # fmt: skip
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
     if r.returncode != 0:

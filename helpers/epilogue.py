@@ -196,7 +196,7 @@ def check_epilogue(
     err = torch.where(fin, (yd - ref).abs(), torch.full_like(ref, math.inf))
     scale = reference_epilogue(problem, x, w, epilogue, cin, bias, absolute=True)
     ratio = err_over_bound(err, scale, bound_coefficient(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS),
-                           bound_floor(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS))  # fmt: skip
+                           bound_floor(problem, accum, extra_roundings=EPILOGUE_ROUNDINGS))
     diff = torch.where(fin, yd - ref, torch.zeros_like(ref))
     ref_norm = float(ref.norm())
     return judge(

@@ -203,7 +203,7 @@ def _smi_max_clock_khz() -> float | None:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i", "0"],
             capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
+        ).stdout
         return float(out.split()[0]) * 1e3
     except Exception:  # noqa: BLE001 - optional information
         return None
@@ -230,7 +230,7 @@ def versions() -> dict:
             v["driver"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
                 capture_output=True, text=True, timeout=20, check=True,
-            ).stdout.strip()  # fmt: skip
+            ).stdout.strip()
         except Exception:  # noqa: BLE001 - nvidia-smi missing: fall back to the driver API
             try:
                 import pycuda.driver as drv

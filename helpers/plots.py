@@ -32,7 +32,7 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     greys = [(0.45, 0.45, 0.45), (0.6, 0.6, 0.6), (0.3, 0.3, 0.3), (0.75, 0.75, 0.75)]
     palette = {**dict(zip(baselines, greys * len(baselines))), **dict(zip(others, colours))}
     sns.barplot(d, y="problem", x="ms_p50", hue="variant", order=order, hue_order=variants, palette=palette,
-                ax=a1, errorbar=None)  # fmt: skip
+                ax=a1, errorbar=None)
     # p20..p80 whiskers: the bar containers are in hue order, one bar per problem each.
     for cont, v in zip(a1.containers, variants):
         dv = d[d.variant == v].set_index("problem")
@@ -44,7 +44,7 @@ def plot_bench(df: pd.DataFrame, title: str = "") -> plt.Figure:
     a1.set_ylabel("")
     dk = d[~d.variant.isin(baselines)]
     sns.barplot(dk, y="problem", x="x_cudnn", hue="variant", order=order, palette=palette,
-                hue_order=others, ax=a2, errorbar=None)  # fmt: skip
+                hue_order=others, ax=a2, errorbar=None)
     a2.axvline(1.0, color="k", ls="--", lw=1)
     a2.set_xscale("log")
     a2.set_xlabel("speed vs cuDNN (× cuDNN, log scale; > 1 is faster)")
@@ -85,7 +85,7 @@ def draw_mapping(
         for i in range(gx):
             over = (i + 1) * bx > Q or (j + 1) * by > P
             ax.add_patch(Rectangle((i * bx, j * by), bx, by, fc=colors[j * gx + i], ec="k", lw=1.5,
-                                   hatch="//" if over else None, alpha=0.9))  # fmt: skip
+                                   hatch="//" if over else None, alpha=0.9))
             ax.text(i * bx + bx / 2, j * by + by / 2, f"block\n({i},{j})", ha="center", va="center", fontsize=9)
     hi, hj = highlight_block
     if hi < gx and hj < gy:
@@ -93,7 +93,7 @@ def draw_mapping(
             for tx in range(bx):
                 q, p = hi * bx + tx, hj * by + ty
                 ax.text(q + 0.5, p + 0.5, f"{tx},{ty}", ha="center", va="center", fontsize=6,
-                        color="k" if (q < Q and p < P) else "red")  # fmt: skip
+                        color="k" if (q < Q and p < P) else "red")
     ax.add_patch(Rectangle((0, 0), Q, P, fill=False, ec="crimson", lw=3, label=f"output plane {P}x{Q}"))
     ax.set_xlim(0, gx * bx)
     ax.set_ylim(gy * by, 0)

@@ -237,7 +237,7 @@ class Conv2dProblem:
             ValueError: an unknown name (accepted: x, w, y, dx, dw, dy).
         """
         shapes = {"x": self.x_shape, "dx": self.x_shape, "w": self.w_shape, "dw": self.w_shape,
-                  "y": self.y_shape, "dy": self.y_shape}  # fmt: skip
+                  "y": self.y_shape, "dy": self.y_shape}
         if name not in shapes:
             raise ValueError(f"no tensor {name!r} in a conv2d problem; known: {', '.join(shapes)}")
         return shapes[name]
@@ -341,7 +341,7 @@ class Conv2dProblem:
             "dil_h": self.dilation[0], "dil_w": self.dilation[1],
             "groups": self.groups, "dtype": self.dtype, "layout": self.layout, "op": self.op,
             "gflop": self.flops / 1e9, "min_mb": self.min_bytes / 1e6,
-        }  # fmt: skip
+        }
 
     # ---- inputs ------------------------------------------------------------------------
     @property
@@ -385,7 +385,7 @@ class Conv2dProblem:
             )
         if kind == "cancel":
             need = {"fprop": ("C/groups", self.C_per_group), "dgrad": ("K/groups", self.K // self.groups),
-                    "wgrad": ("N", self.N)}[self.op]  # fmt: skip
+                    "wgrad": ("N", self.N)}[self.op]
             if need[1] % 2:
                 return f"kind='cancel' for {self.op} needs an even {need[0]} (cancelling pairs); got {need[1]}"
         return None

@@ -3,10 +3,12 @@
 * ``quick``: small fp32 problems, the whole suite runs in well under two minutes on a laptop GPU;
 * ``seed``: single-image CHW fp32 "same" convolutions like the seed notebook's benchmark
   (input channels 1..512, filters 1/3/5/9, images 64..1024), fixed instead of sampled;
-* ``resnet50``: the 19 distinct fprop layers of ResNet-50 (the workload table of the CUTLASS
-  conv2d profiler thread in ``shared/seeds``), at N=32 and N=256;
+* ``resnet50``: the 19 distinct fprop layers of ResNet-50 (its convolutions, duplicates
+  removed), at N=32 and N=256;
 * ``depthwise``: MobileNet-style 3×3 depthwise layers at N=32 (C = K = groups);
-* ``edge``: the shapes that break kernels (design.md, "Edge suite");
+* ``edge``: the shapes that break kernels: H != W, sizes that divide no tile, images smaller than
+  the tile and the filter, even and non-square filters, uneven stride and padding, C in {1, 3, 45},
+  N > 1, cancellation, grids past 65,535, and one problem over 2^31 elements;
 * ``outside``: layers of other networks (VGG-16, MobileNet-v1's pointwise layers, U-Net, detector
   heads) and ResNet-50 at N = 1 and 8: the problems no rule of the series was fitted on, where
   day 15 judges its tuner against those rules.
@@ -41,7 +43,7 @@ def seed() -> list[P]:
         (8, 32, 5, 512), (16, 16, 9, 1024), (32, 32, 3, 1024), (32, 128, 1, 512), (64, 64, 3, 256),
         (128, 128, 3, 128), (128, 128, 5, 128), (128, 512, 9, 64), (256, 256, 3, 64),
         (512, 128, 1, 128), (512, 512, 3, 64),
-    ]  # fmt: skip
+    ]
     return [_same(c, k, r, h) for c, k, r, h in shapes]
 
 
@@ -52,7 +54,7 @@ RESNET50_LAYERS = [
     (28, 512, 128, 1, 0, 1), (28, 512, 1024, 1, 0, 2), (28, 512, 256, 1, 0, 2), (14, 256, 256, 3, 1, 1),
     (14, 256, 1024, 1, 0, 1), (14, 1024, 256, 1, 0, 1), (14, 1024, 2048, 1, 0, 2), (14, 1024, 512, 1, 0, 2),
     (7, 512, 512, 3, 1, 1), (7, 512, 2048, 1, 0, 1), (7, 2048, 512, 1, 0, 1),
-]  # fmt: skip
+]
 
 
 def resnet50(batches: tuple[int, ...] = (32, 256)) -> list[P]:
@@ -66,7 +68,7 @@ def resnet50(batches: tuple[int, ...] = (32, 256)) -> list[P]:
 # (C = K = groups, H = W, stride)
 DEPTHWISE_LAYERS = [
     (32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (384, 14, 1), (576, 14, 1), (960, 7, 1),
-]  # fmt: skip
+]
 
 
 def depthwise(n: int = 32) -> list[P]:
@@ -127,7 +129,7 @@ OTHER_LAYERS = [
     # detectors, N = 2: FPN 3x3 at 1/8 and 1/16 of 800 x 1216, a RetinaNet head, a stride-2 downsampling
     (2, 256, 100, 152, 256, 3, 1, 1), (2, 256, 50, 76, 256, 3, 1, 1), (2, 256, 25, 38, 256, 3, 1, 1),
     (8, 128, 104, 104, 256, 3, 1, 2),
-]  # fmt: skip
+]
 
 
 def outside() -> list[P]:
@@ -136,7 +138,7 @@ def outside() -> list[P]:
 
 
 SUITES = {"quick": quick, "seed": seed, "resnet50": resnet50, "depthwise": depthwise, "edge": edge,
-          "outside": outside}  # fmt: skip
+          "outside": outside}
 
 
 def suite(name: str, dtype: str | None = None, layout: str | None = None, op: str | None = None) -> list[P]:

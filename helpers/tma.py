@@ -253,13 +253,13 @@ def _libcuda():
         except OSError as e:
             raise RuntimeError(f"tensor maps are encoded by the CUDA driver; libcuda.so.1 did not load ({e})") from e
         u32, u64p, u32p, i32p = ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32), \
-            ctypes.POINTER(ctypes.c_int32)  # fmt: skip
+            ctypes.POINTER(ctypes.c_int32)
         _driver.cuTensorMapEncodeTiled.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, u64p, u64p,
                                                    u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                                   ctypes.c_int]  # fmt: skip
+                                                   ctypes.c_int]
         _driver.cuTensorMapEncodeIm2col.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, u64p, u64p,
                                                     i32p, i32p, u32, u32, u32p, ctypes.c_int, ctypes.c_int,
-                                                    ctypes.c_int, ctypes.c_int]  # fmt: skip
+                                                    ctypes.c_int, ctypes.c_int]
         _driver.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     return _driver
 
@@ -295,7 +295,7 @@ def encode(desc: TiledMap | Im2colMap, address: int) -> MapBytes:
     else:
         rc = lib.cuTensorMapEncodeIm2col(aligned, *common, _array(ctypes.c_int32, desc.lower),
                                          _array(ctypes.c_int32, desc.upper), desc.channels, desc.pixels,
-                                         _array(ctypes.c_uint32, desc.element_strides), *tail)  # fmt: skip
+                                         _array(ctypes.c_uint32, desc.element_strides), *tail)
     if rc != 0:
         msg = ctypes.c_char_p()
         lib.cuGetErrorString(rc, ctypes.byref(msg))

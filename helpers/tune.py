@@ -98,7 +98,7 @@ class Machine:
         clock = info.clock_mhz or 1980.0
         rate = 620.0 * info.sms * clock / (132 * 1980.0)
         return cls(sms=info.sms, smem_per_sm=info.smem_per_sm, regs_per_sm=info.regs_per_sm or 65536,
-                   mma_tflops=rate, l2_bytes=info.l2_bytes or 50 * 2**20)  # fmt: skip
+                   mma_tflops=rate, l2_bytes=info.l2_bytes or 50 * 2**20)
 
 
 H200 = Machine(sms=132, smem_per_sm=228 * 1024)  # for the model without a GPU (CPU tests, the notebook's figures)
@@ -167,7 +167,7 @@ def gemm_tile_us(t: GemmTile, mc: Machine) -> float:
     shape_eff = wm * wn / (wm * wn + WARP_TILE_COST * (wm + wn))
     cover = min(1.0, resident * (t.threads // 32) / COVER_WARPS)
     step_us = max(resident * 2 * t.bm * t.bn * t.bk / (sm_flops_per_us * shape_eff * cover),
-                  LOAD_LATENCY_US / (resident * max(t.stages - 1, 1)))  # fmt: skip
+                  LOAD_LATENCY_US / (resident * max(t.stages - 1, 1)))
     tensor_us = rounds * (steps * step_us + LOAD_LATENCY_US + EPILOGUE_US)
     a_bytes, b_bytes, c_bytes = 2 * t.m * t.k, 2 * t.n * t.k, 2 * t.m * t.n
     dram = t.dram_bytes if t.dram_bytes is not None else a_bytes + b_bytes + c_bytes
@@ -296,7 +296,7 @@ def valid_entry(entry) -> bool:
         return False
     numbers = all(isinstance(entry[k], (int, float)) and not isinstance(entry[k], bool) for k in ("ms", "rule_ms"))
     return (numbers and isinstance(entry["config"], str) and isinstance(entry["rule_config"], str)
-            and isinstance(entry["model_rank"], int))  # fmt: skip
+            and isinstance(entry["model_rank"], int))
 
 
 def _file_mode(path: Path) -> int:
@@ -340,17 +340,17 @@ class TuneCache:
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             if warn:
                 _warn(f"tune cache {self.path} is unreadable ({type(e).__name__}: {e}): the rule's choices run; "
-                      "the next store rewrites it")  # fmt: skip
+                      "the next store rewrites it")
             return {}
         if not isinstance(data, dict):
             if warn:
                 _warn(f"tune cache {self.path} holds a JSON {type(data).__name__}, not an object of entries: "
-                      "the rule's choices run; the next store rewrites it")  # fmt: skip
+                      "the rule's choices run; the next store rewrites it")
             return {}
         good = {k: e for k, e in data.items() if valid_entry(e)}
         if warn and len(good) < len(data):
             _warn(f"tune cache {self.path}: {len(data) - len(good)} malformed entries left out (their problems run "
-                  f"the rule's choice); an entry needs {', '.join(CACHED)}")  # fmt: skip
+                  f"the rule's choice); an entry needs {', '.join(CACHED)}")
         return good
 
     @property
@@ -374,7 +374,7 @@ class TuneCache:
         if prefix is None:
             env = self.environment
             prefix = self._prefixes[part] = "|".join([env["gpu"], env["driver"], env["cuda"], env["nvcc"],
-                                                      part[1][:16], variant.name])  # fmt: skip
+                                                      part[1][:16], variant.name])
         return f"{prefix}|{problem_key(p)}"
 
     def lookup(self, variant: Variant, p: Conv2dProblem) -> dict | None:
@@ -428,7 +428,7 @@ class Trial:
         self.ms, self.status = [], status
 
     def run(self, p: Conv2dProblem, inputs: tuple, ref: Reference, reps: int | None,
-            target_ms: float = 0.0) -> float | None:  # fmt: skip
+            target_ms: float = 0.0) -> float | None:
         """One timing round (``reps`` repetitions, or about ``target_ms`` of them) whose output,
         poisoned with NaN first (`_time_ms`), is checked against ``ref``: its median (ms), also
         kept in ``ms``, or None when the output fails or the candidate faults (a build that
@@ -488,7 +488,7 @@ class Reference:
         v = judge(variant=variant.name, problem=self.problem, kind="normal", accum=variant.accum,
                   nonfinite=r["nonfinite"], max_abs_err=r["max_abs_err"],
                   worst_err_over_bound=r["worst_err_over_bound"], rel_l2=r["rel_l2"], exact=None,
-                  repeat_bitwise=True)  # fmt: skip
+                  repeat_bitwise=True)
         return None if v.ok else v.reason
 
 
@@ -520,7 +520,7 @@ def enumerate_search(space: Space, p: Conv2dProblem, keep: int = KEEP) -> Search
     t0 = time.perf_counter()
     info = device_info()
     cands = [c for c in space.candidates(p, Machine.of(info))
-             if c.variant.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc) is None]  # fmt: skip
+             if c.variant.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc) is None]
     if not cands:
         raise ValueError(f"no configuration of {space.variant} supports {p.name} on this GPU")
     rank = {c.config: i + 1 for i, c in enumerate(sorted(cands, key=lambda c: c.model_us))}
@@ -646,7 +646,7 @@ def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     times = {cfg: (t.candidate.model_us, t.best_ms if t.ms else math.nan) for cfg, t in trials.items()}
     best, best_ms = _final(trials, p, inputs, ref, f"{space.variant} on {p.name}")
     return {"best_config": best.candidate.config, "best_ms": best_ms, "exhaustive_s": time.perf_counter() - t0,
-            "sweep": times}  # fmt: skip
+            "sweep": times}
 
 
 CACHED = ("config", "ms", "rule_config", "rule_ms", "model_rank")  # what a cache entry answers with
@@ -658,11 +658,11 @@ def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None) -> dict | 
     if hit is None:
         return None
     return {"problem": p.name, "variant": space.variant, **{k: hit[k] for k in CACHED}, "cache": "hit",
-            "compile_s": 0.0, "tune_s": time.perf_counter() - t0, "status": "ok"}  # fmt: skip
+            "compile_s": 0.0, "tune_s": time.perf_counter() - t0, "status": "ok"}
 
 
 def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None, keep: int = KEEP,
-                 exhaustive: bool = False) -> dict:  # fmt: skip
+                 exhaustive: bool = False) -> dict:
     """Tune ``space``'s variant on ``p`` (steps 1-5 of the module docstring) and return its row:
 
     ``problem``, ``variant``, ``config`` (the winner), ``ms`` (its final median), ``search_ms``
@@ -702,7 +702,7 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
 
 
 def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache | None = None, keep: int = KEEP,
-         exhaustive: bool = False, budget_s: float | None = None, progress: bool = True) -> pd.DataFrame:  # fmt: skip
+         exhaustive: bool = False, budget_s: float | None = None, progress: bool = True) -> pd.DataFrame:
     """Tune ``variant`` on every problem (each in the variant's own dtype, layout and operation,
     `Variant.adapt`): one row per problem as `tune_problem` gives it, plus ``status``.
 
@@ -829,10 +829,10 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
                     r = check(v, p)
                 except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
                     _warn(f"tune cache {cache.path}: checking the choice {hit['config']!r} of {base.name} for "
-                          f"{p.name} raised {type(e).__name__}: {e}; the rule's runs for this call")  # fmt: skip
+                          f"{p.name} raised {type(e).__name__}: {e}; the rule's runs for this call")
                     return _rule_tensor_check(base, p, tensors, ep)
                 verdicts[key] = v if r.ok else _refuse(base, p, hit["config"], f"failed the check ({r.reason})",
-                                                       cache.path)  # fmt: skip
+                                                       cache.path)
         v = pick(p)
         return v.tensor_check_fn(p, tensors, ep) if v.tensor_check_fn else None
 
@@ -866,5 +866,5 @@ def _cached_variant(space: Space, p: Conv2dProblem, config: str) -> tuple[Varian
 def _refuse(base: Variant, p: Conv2dProblem, config: str, reason: str, path: Path) -> Variant:
     """``base`` (the rule), after one warning that names the cache file and why ``config`` is not used."""
     _warn(f"tune cache {path}: the choice {config!r} of {base.name} for {p.name} is not used ({reason}); "
-          "the rule's runs instead")  # fmt: skip
+          "the rule's runs instead")
     return base

@@ -147,11 +147,11 @@ class Variant:
         if cc < tuple(self.min_cc):
             why = f" ({self.min_cc_why})" if self.min_cc_why else ""
             return (f"{self.name} needs a GPU of compute capability {self.min_cc[0]}.{self.min_cc[1]} or newer{why}; "
-                    f"not {cc[0]}.{cc[1]}")  # fmt: skip
+                    f"not {cc[0]}.{cc[1]}")
         if self.arch_suffix and cc != tuple(self.min_cc):
             return (f"{self.name} is built for sm_{self.min_cc[0]}{self.min_cc[1]}{self.arch_suffix}, whose "
                     f"instructions exist only on compute capability {self.min_cc[0]}.{self.min_cc[1]}; "
-                    f"not on {cc[0]}.{cc[1]}")  # fmt: skip
+                    f"not on {cc[0]}.{cc[1]}")
         return None
 
     def target(self, cc: tuple[int, int]) -> str:
@@ -181,7 +181,7 @@ class Variant:
         p = problem
         for nm, val in (("N", p.N), ("C", p.C), ("H", p.H), ("W", p.W), ("K", p.K), ("R", p.R), ("S", p.S),
                         ("P", p.P), ("Q", p.Q), ("stride", max(p.stride)), ("padding", max(p.padding)),
-                        ("dilation", max(p.dilation)), ("groups", p.groups)):  # fmt: skip
+                        ("dilation", max(p.dilation)), ("groups", p.groups)):
             if val > INT32_MAX:
                 return f"{self.name}: {nm} = {val} does not fit the kernels' int32 arguments (at most {INT32_MAX})"
         reason = self.supports_fn(problem)
@@ -198,7 +198,7 @@ class Variant:
                     return f"{who}: grid {'xyz'[axis]} = {g} is outside 1..{limit}"
             if cfg.shared_bytes > smem_limit:
                 return (f"{who}: needs {cfg.shared_bytes} B of shared memory per block; the limit is {smem_limit} B"
-                        f"{assumed}")  # fmt: skip
+                        f"{assumed}")
         return self.build_reason(cc) if cc is not None else None
 
     def adapt(self, problem: Conv2dProblem, op: bool = False) -> Conv2dProblem:
@@ -278,7 +278,7 @@ def _default_smem_limit() -> tuple[int, str]:
         except gpu.NoGPUError:  # a GPU torch sees, but no pycuda to ask: as without one
             pass
     return DEFAULT_SMEM_LIMIT, (" (assumed without a GPU: every GPU allows 48 KB; on one, `supports` and `prepare` "
-                                "use its opt-in limit; pass smem_limit= to ask for another)")  # fmt: skip
+                                "use its opt-in limit; pass smem_limit= to ask for another)")
 
 
 REGISTRY: dict[str, Variant] = {}
@@ -372,7 +372,7 @@ def check_tensors(problem: Conv2dProblem, inputs: tuple, out: torch.Tensor | Non
     ctx = gpu.context_device()
     if first.device.index is not None and first.device != ctx:
         raise ValueError(f"the tensors are on {first.device}, but the kernels run in the context of {ctx} "
-                         f"(helpers.gpu.init): pass {first_nm}.to('{ctx}') and the others")  # fmt: skip
+                         f"(helpers.gpu.init): pass {first_nm}.to('{ctx}') and the others")
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -400,7 +400,7 @@ def check_aliasing(out_name: str, out: torch.Tensor, reads: dict) -> None:
             continue
         if nm == "cin":
             raise ValueError(f"cin overlaps {out_name} without being {out_name}: pass {out_name} itself (in place) "
-                             "or a separate tensor")  # fmt: skip
+                             "or a separate tensor")
         raise ValueError(
             f"{out_name} overlaps {nm} in memory: the kernel writes {out_name} while other blocks read {nm}"
         )
@@ -445,7 +445,7 @@ class _Static:
 
 
 def _make_static(v: Variant, problem: Conv2dProblem, inputs: tuple, out, operands: dict,
-                 epilogue: Epilogue) -> _Static:  # fmt: skip
+                 epilogue: Epilogue) -> _Static:
     """Every check `prepare` makes before compiling, in order, then the build: shape-level
     `Variant.supports` (no pycuda call: a day may read device facts through torch, as day 16 reads
     the SM count and L2 size for its grid and tile order); `_check_call`; `supports` with the
@@ -533,7 +533,7 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
     for k in launches:
         maps = any(isinstance(a, TensorMap) for a in k.args)
         kern = load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch,
-                           params=len(k.args) if maps else 0)  # fmt: skip
+                           params=len(k.args) if maps else 0)
         if k.config.threads_per_block > kern.max_threads_per_block:
             raise UnsupportedProblem(
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
@@ -572,7 +572,7 @@ def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str
             if isinstance(a, (Buffer, TensorMap)):
                 if a.name not in tensors:
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
-                                     f"{', '.join(tensors)}")  # fmt: skip
+                                     f"{', '.join(tensors)}")
                 t = tensors[a.name]
             if isinstance(a, TensorMap):
                 if t is None:
@@ -581,7 +581,7 @@ def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str
             elif isinstance(a, Buffer):
                 if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
-                                     "outside the tensor")  # fmt: skip
+                                     "outside the tensor")
                 args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
             else:
                 args.append(a)
@@ -653,7 +653,7 @@ def prepare(
     nbytes = static.workspace_bytes
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
     tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, "workspace": workspace,
-               **{nm: None for nm in v.operands}, **operands}  # fmt: skip
+               **{nm: None for nm in v.operands}, **operands}
     kernels = bind(static.compiled, tensors)
     return Plan(kernels, workspace, tensors), out
 

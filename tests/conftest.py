@@ -115,5 +115,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_line(f"{n:6d}  {reason}")
     if len(counts) > 5:
         terminalreporter.write_line(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(5)):6d}  "
-                                    f"{len(counts) - 5} other reasons (pytest -rs lists every skip)")  # fmt: skip
+                                    f"{len(counts) - 5} other reasons (pytest -rs lists every skip)")
 

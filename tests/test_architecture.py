@@ -220,7 +220,7 @@ def test_the_day_check_catches_a_planted_violation(source):
 def test_the_import_checks_let_allowed_imports_pass():
     d10 = ROOT / "days" / "day10_igemm_wmma.py"
     allowed = ("from .day09_igemm_simt import Tile\nfrom .kit import cdiv\n"
-               "import days.day09_igemm_simt as d\nt = d.Tile\n")  # fmt: skip
+               "import days.day09_igemm_simt as d\nt = d.Tile\n")
     assert not day_violations(d10, allowed)
     assert not day_violations(d10, "from helpers import variants\nv = variants.Variant\nd = x.__dict__\n")
     d13 = ROOT / "days" / "day13_igemm_production" / "rule.py"
@@ -294,10 +294,10 @@ def test_no_helper_is_defined_twice_across_days():
     ["def ceil_div(a: int, b: int) -> int:\n    return -(-a // b)\n",  # the same under another name
      "def ceil_div(x, y):\n    return -(-x // y)\n",  # other parameter names, no annotations
      "ceil_div = lambda n, d: -(-n // d)\n"],  # a lambda
-)  # fmt: skip
+)
 def test_the_duplicate_check_catches_a_planted_copy(copy):
     files = {"days.kit": top_level_functions(ROOT / "days" / "kit.py"),
-             "days.day99": top_level_functions(Path("x"), copy)}  # fmt: skip
+             "days.day99": top_level_functions(Path("x"), copy)}
     assert duplicated_helpers(files) == ["days.day99:ceil_div repeats days.kit:cdiv"]
 
 
@@ -434,3 +434,48 @@ def test_notebooks_use_only_public_names():
     assert not bad, bad
     assert notebook_private_uses("import days.day13_igemm_production as hp\nhp.tiles._instantiated()\n")
     assert notebook_private_uses("from helpers.variants import _validate\n")
+
+
+def test_an_installed_copy_imports_every_day(tmp_path):
+    """``pip install .`` into a fresh virtual environment (its packages found by setuptools, the
+    kernels shipped beside them) gives a copy whose every day registers its variants from the
+    installed files, not from this checkout (day 14's package was left out of the hand-made list)."""
+    import shutil
+    import subprocess
+    import sys
+    import venv
+
+    src = tmp_path / "src"  # a copy: a build in the checkout would leave build/lib behind for the next one
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".whl", "build", "*.egg-info", "out",
+                                                              "__pycache__", "notebooks", "results"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True)  # torch, pip and setuptools from this environment
+    py = env_dir / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    probe = ("import days, helpers, helpers.compile as hc; from helpers.variants import all_variants; "
+             "print(hc.KERNEL_DIR); print(sorted({v.day for v in all_variants()})); print(days.__file__)")
+    r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    kernel_dir, days, days_file = r.stdout.splitlines()
+    assert str(env_dir) in kernel_dir and str(env_dir) in days_file and sys.prefix not in days_file
+    assert days == str([d for d in range(1, 17) if d != 15])
+
+
+def test_the_repository_points_at_nothing_outside_itself():
+    """No tracked text names a file the repository does not hold: the design document and the seed
+    documents the project grew from live beside the checkout, not in it; what a reader needs is here."""
+    import subprocess
+
+    outside = re.compile("design" + r"\.md|\.\./" + "shared|shared/" + "seeds")  # split: it must not match itself
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for f in files:
+        if f.endswith((".png", ".csv")) or not (ROOT / f).is_file():
+            continue
+        text = (ROOT / f).read_text(errors="replace")
+        found += [f"{f}: {m}" for m in outside.findall(text)]
+    assert found == [], found

@@ -65,7 +65,7 @@ def random_cases(n: int, seed: int = 7) -> list[Conv2dProblem]:
         if H + 2 * ph < dh * (R - 1) + 1 or W + 2 * pw < dw * (S - 1) + 1:
             continue  # no output: not a convolution
         out.append(dgrad(N=rng.randint(1, 2), C=rng.choice([1, 3, 5, 8]), H=H, W=W, K=rng.randint(1, 6), R=R, S=S,
-                         stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw)))  # fmt: skip
+                         stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw)))
     return out
 
 
@@ -143,7 +143,7 @@ def test_refusals():
 
 
 @pytest.mark.parametrize("length, splits, bk", [(100, 3, 32), (64, 5, 32), (10, 4, 32), (1000, 7, 32), (4096, 16, 64),
-                                                (33, 33, 1), (1, 1, 32)])  # fmt: skip
+                                                (33, 33, 1), (1, 1, 32)])
 def test_split_k_slices_are_whole_steps_covering_gemm_k_once(length, splits, bk):
     sl = d14.split_k_slices(length, splits, bk)
     steps = -(-length // bk)
@@ -198,7 +198,7 @@ ALL_PADDING = dict(N=1, C=8, H=1, W=1, K=8, R=1, S=1, stride=3, padding=1)  # th
 
 
 @pytest.mark.parametrize("p", CASES + [PAST_DILATED, dgrad(**ALL_PADDING)] + random_cases(40, seed=11),
-                         ids=lambda p: p.name)  # fmt: skip
+                         ids=lambda p: p.name)
 @pytest.mark.parametrize("from_w", [True, False], ids=["in_place", "transposed"])
 def test_dgrad_launch_arguments_compose_dgrad(p, from_w):
     """`days.day14_backward.dgrad.simulate` runs what the launches say (B read from w by the
@@ -310,7 +310,7 @@ ZERO_CASES = [
     (dgrad(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1, **NHWC), False),  # odd H, W; all phases tapped
     (dgrad(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0), **NHWC), False),
     (dgrad(N=3, C=7, H=7, W=6, K=5, R=3, S=3, padding=1, **NHWC), False),  # unit stride
-]  # fmt: skip
+]
 
 
 def no_tap(p: Conv2dProblem) -> np.ndarray:
@@ -333,7 +333,7 @@ def test_one_zero_launch_writes_the_pixels_no_tap_reaches(p, zeros):
     assert v.supports(p) is None, v.supports(p)
     ks = v.launches(p)
     assert [k.name for k in ks] == ["filter"] * (not d14.dgrad.in_place(p)) \
-        + [f"phase_{a.rows.phase}_{a.cols.phase}" for a in d14.dgrad_plan(p)] + ["zero"] * zeros  # fmt: skip
+        + [f"phase_{a.rows.phase}_{a.cols.phase}" for a in d14.dgrad_plan(p)] + ["zero"] * zeros
     expect = no_tap(p)
     assert bool(expect.any()) == zeros
     assert np.array_equal(d14.dgrad.zero_pixels(p), expect)
@@ -386,7 +386,7 @@ PATH_CASES = [
     (dgrad(N=2, C=16, H=11, W=9, K=12, R=3, S=3, stride=2, padding=1, **NHWC), False),  # K % 8 != 0: analytic
     (dgrad(N=2, C=16, H=11, W=9, K=5, R=3, S=3, stride=2, padding=1, **NHWC), False),  # K <= 8: few_channels
     (dgrad(N=2, C=7, H=11, W=9, K=24, R=3, S=3, stride=2, padding=1, **NHWC), False),  # C % 8 != 0: analytic
-]  # fmt: skip
+]
 
 # positions of a phase launch's arguments: dy, B, dx, then the ints (N, K, P, Q, C, Jh, Jw, I, J, pad_h,
 # pad_w, dil_h, dil_w, H, W, sh, sw, fh, fw, R, S, r_first, r_step, s_first, s_step, swz_log)
@@ -407,7 +407,7 @@ def test_in_place_path_has_no_filter_launch_and_no_workspace(p, from_w):
     assert len(phases) == len(dg.dgrad_plan(p)) > 0
     unit = "unit_" if p.stride == (1, 1) else ""
     assert all(k.entry.startswith(f"dgrad_{unit}") and k.entry.endswith(f"_{dg.dgrad_iterator(p)}_fp16")
-               for k in phases)  # fmt: skip
+               for k in phases)
     if from_w:
         assert "filter" not in [k.name for k in ks] and v.workspace_bytes(p) == 0
         assert all(k.args[1] == Buffer("w") for k in phases)
@@ -428,7 +428,7 @@ def test_phase_taps_are_the_model_taps(p):
     first − j·step on each axis, step = stride / gcd(stride, dilation)."""
     for ph in d14.dgrad_plan(p):
         for axis, (a, first, step) in enumerate(((ph.rows, ph.first[0], ph.step[0]),
-                                                 (ph.cols, ph.first[1], ph.step[1]))):  # fmt: skip
+                                                 (ph.cols, ph.first[1], ph.step[1]))):
             by_offset = [t for _, t in sorted(zip(a.offsets, a.taps))]
             assert [first - j * step for j in range(len(a.taps))] == by_offset, (axis, a)
             assert step == p.stride[axis] // np.gcd(p.stride[axis], p.dilation[axis])
@@ -443,7 +443,7 @@ def test_phase_tap_arguments_of_a_few_phases():
     # 3x3, stride 2, padding 1: phase 0 of an axis has tap 1; phase 1 taps 2, 0 (offsets 0, 1)
     p = dgrad(N=1, C=8, H=8, W=8, K=8, R=3, S=3, stride=2, padding=1, **NHWC)
     assert taps(p) == {"phase_0_0": (3, 3, 1, 2, 1, 2), "phase_0_1": (3, 3, 1, 2, 2, 2),
-                       "phase_1_0": (3, 3, 2, 2, 1, 2), "phase_1_1": (3, 3, 2, 2, 2, 2)}  # fmt: skip
+                       "phase_1_0": (3, 3, 2, 2, 1, 2), "phase_1_1": (3, 3, 2, 2, 2, 2)}
     # unit stride: the filter turned around, step 1
     assert taps(dgrad(N=1, C=8, H=8, W=8, K=8, R=3, S=2, padding=1, **NHWC)) == {"phase_0_0": (3, 2, 2, 1, 1, 1)}
     # stride 2, dilation (1, 2), padding (1, 2): on W every tap is in phase 0, one apart (step 2 / gcd(2, 2))
@@ -452,7 +452,7 @@ def test_phase_tap_arguments_of_a_few_phases():
     # stride 3 > a 2x2 filter, padding 1: phase 0 has tap 1, phase 2 tap 0, phase 1 none (the zero launch)
     p = dgrad(N=1, C=8, H=9, W=9, K=8, R=2, S=2, stride=3, padding=1, **NHWC)
     assert taps(p) == {"phase_0_0": (2, 2, 1, 3, 1, 3), "phase_0_2": (2, 2, 1, 3, 0, 3),
-                       "phase_2_0": (2, 2, 0, 3, 1, 3), "phase_2_2": (2, 2, 0, 3, 0, 3)}  # fmt: skip
+                       "phase_2_0": (2, 2, 0, 3, 1, 3), "phase_2_2": (2, 2, 0, 3, 0, 3)}
 
 
 @pytest.mark.parametrize("p", CASES + [PAST_DILATED] + random_cases(40, seed=17), ids=lambda p: p.name)
@@ -478,7 +478,7 @@ VECTOR_FILTER_CASE = dgrad(N=1, C=16, H=24, W=8, K=16, R=17, S=1, padding=(8, 0)
 
 
 @pytest.mark.parametrize("p, vector_w", [(p, from_w) for p, from_w in PATH_CASES[:1] + PATH_CASES[-3:-2]]
-                         + [(VECTOR_FILTER_CASE, True)], ids=["in_place", "analytic", "transposed_vec"])  # fmt: skip
+                         + [(VECTOR_FILTER_CASE, True)], ids=["in_place", "analytic", "transposed_vec"])
 def test_w_alignment_where_it_is_read_in_16_bytes(p, vector_w):
     """w is read in 16-byte accesses by the in-place loads (cp.async) and, with C and K multiples
     of 8, by the filter kernel of the transposed path: a misaligned w is refused there, naming
@@ -557,7 +557,7 @@ def test_in_place_ldmatrix_trans_gives_the_mma_b_fragments(tile):
     for wn in range(tile.warps_n):
         for j2 in range(warp_n // 16):
             base = [swz_trans(lane % 8 + 8 * ((lane >> 3) & 1), warp_n * wn // 8 + 2 * j2 + lane // 16, bn)
-                    for lane in range(32)]  # fmt: skip
+                    for lane in range(32)]
             for kk in range(bk // 16):
                 addr = [b + 16 * bn * kk for b in base]
                 for lane in range(32):

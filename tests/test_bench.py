@@ -51,7 +51,7 @@ def stand_in(monkeypatch):
             raise state["raise"][v.name]
         ok = v.name not in state["fail"]
         return CheckResult(v.name, p.name, kind, ok, "" if ok else "planted", 0.0, 0.5, 1e-7, 0,
-                           True if kind == "int" else None, True)  # fmt: skip
+                           True if kind == "int" else None, True)
 
     monkeypatch.setattr(hb, "cudnn_launcher", cudnn_launcher)
     monkeypatch.setattr(importlib.import_module("helpers.timing"), "time_gpu", time_gpu)
@@ -78,7 +78,7 @@ def test_adapted_problems_run_against_their_own_baseline(stand_in):
 
 def test_a_fault_is_a_row_and_the_run_goes_on(stand_in):
     stand_in["raise"] = {"z_out": RuntimeError("an illegal memory access\nwas encountered"),
-                         "shared": torch.cuda.OutOfMemoryError("CUDA out of memory")}  # fmt: skip
+                         "shared": torch.cuda.OutOfMemoryError("CUDA out of memory")}
     df = run_bench(["naive", "z_out", "shared", "general"], problems=(P, P2))
     by = {(r.variant, r.problem): r for r in df.itertuples()}
     assert by[("z_out", P.name)].status == "error: RuntimeError: an illegal memory access was encountered"

@@ -98,7 +98,7 @@ def _to_layout(p: Conv2dProblem, y_nchw: torch.Tensor) -> torch.Tensor:
 def test_compare_exact_reference_has_zero_error(layout: str, max_elems: int):
     # fp64 output equal to the reference: no error at all
     p = Conv2dProblem(N=2, C=6, H=11, W=9, K=4, R=3, S=3, padding=1, dilation=(1, 2), groups=2, dtype="fp64",
-                      layout=layout)  # fmt: skip
+                      layout=layout)
     x, w = p.make_inputs(seed=2)
     y = _to_layout(p, reference(p, x, w))
     r = compare(p, x, w, y, accum="fp64", max_elems=2**26)

@@ -163,7 +163,7 @@ def stand_in_gpu(monkeypatch):
     monkeypatch.setattr(hg, "has_gpu", lambda: True)
     monkeypatch.setattr(hg, "init", lambda device=0: None)
     monkeypatch.setattr(hg, "versions", lambda: {"gpu": "Test GPU", "driver": "0", "cuda": "0", "torch": "0",
-                                                 "cudnn": "0", "pycuda": "0"})  # fmt: skip
+                                                 "cudnn": "0", "pycuda": "0"})
     return importlib.import_module("helpers.bench")
 
 
@@ -208,7 +208,7 @@ def test_a_named_variant_that_ran_on_nothing_exits_1(tmp_path: Path, monkeypatch
         return pd.DataFrame([
             {"variant": "cudnn", "problem": p.name, "ok": None, "status": "baseline", "ms_p50": 1.0, "x_cudnn": 1.0,
              "tflops": 1.0} for p in probs
-        ] + [{"variant": "naive", "problem": p.name, "tflops": None, **naive} for p in probs])  # fmt: skip
+        ] + [{"variant": "naive", "problem": p.name, "tflops": None, **naive} for p in probs])
 
     monkeypatch.setattr(hb, "bench", bench)
     rc = main(["--suite", "quick", "--variants", "naive", "--out", str(tmp_path), "--no-progress"])
@@ -243,7 +243,7 @@ def test_a_run_that_checked_nothing_exits_1(tmp_path: Path, monkeypatch, capsys)
             {"variant": "cudnn", "problem": p.name, "ok": None, "status": "baseline", "ms_p50": 1.0, "x_cudnn": 1.0,
              "tflops": 1.0} for p in probs
         ] + [{"variant": v.name, "problem": p.name, "ok": None, "status": f"unsupported: {refused[v.name, p.name]}",
-              "ms_p50": None, "x_cudnn": None, "tflops": None} for v in vs for p in probs])  # fmt: skip
+              "ms_p50": None, "x_cudnn": None, "tflops": None} for v in vs for p in probs])
 
     monkeypatch.setattr(hb, "bench", bench)
     rc = main([*args, "--out", str(tmp_path), "--no-progress"])

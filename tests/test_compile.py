@@ -209,7 +209,7 @@ def test_kernel_path_missing():
 
 
 @pytest.mark.parametrize("top, included", [("14_dgrad.cu", "13_igemm_production.cu"),
-                                           ("16_igemm_wgmma.cu", "hopper.cuh")])  # fmt: skip
+                                           ("16_igemm_wgmma.cu", "hopper.cuh")])
 def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_path, monkeypatch):
     """The in-process module cache, the plan cache and nvcc_compile's cache key on `source_hash`
     (the file and everything it includes): an edit to a file the kernel includes (day 14's dgrad

@@ -197,7 +197,7 @@ def dw_rows(p):  # the last strip: h0 = p0*sh - ph, rows h0 .. h0 + TH - 1
     a = i32(p0 * p.stride[0])
     h0 = i32(a - p.padding[0])
     return [a, h0, i32(h0 + g["TH"] - 1)], [p0 * p.stride[0], p0 * p.stride[0] - p.padding[0],
-                                           p0 * p.stride[0] - p.padding[0] + g["TH"] - 1]  # fmt: skip
+                                           p0 * p.stride[0] - p.padding[0] + g["TH"] - 1]
 
 
 def dw_row_step(p):
@@ -286,7 +286,7 @@ CASES = [
     # day 11, scalar path (C % 8 != 0): rr = kg / (S*C) of the last step's lanes past GEMM-K
     ("igemm_mma", "scalar_rr", nchw(H=69273668, W=1, R=2, S=1, dilation=(69273667, 1)),
      nchw(H=69273667, W=1, R=2, S=1, dilation=(69273666, 1)), "p*sh - ph + r*dh", mma_scalar_rows),
-]  # fmt: skip
+]
 
 IDS = [f"{v}-{what}" for v, what, *_ in CASES]
 
@@ -329,7 +329,7 @@ def row_loop_after(last: int, n: int, step: int, cap: int = 100_000) -> tuple[in
     [(same(2146959369), 2146959368, 65535 * 8),  # z_out: p from P - 1 by gridDim.y * 8
      (same(2145386529, R=3, S=3), 2145386528, 65535 * 32)],  # blocked: p0 from the last tile by gridDim.y * TP
     ids=["z_out", "blocked"],
-)  # fmt: skip
+)
 def test_row_loops_wrap_to_negative_rows(p, last, step):
     """Just past the limit, the thread of the last row (tile) does not stop after it: its next row is
     negative, passes ``< P``, and it runs thousands more iterations, half of them storing at negative

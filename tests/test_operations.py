@@ -31,7 +31,7 @@ def _p(**kw) -> Conv2dProblem:
     return Conv2dProblem(**kw)
 
 
-# Hand-picked shapes: every case the brief and design.md's edge list name, for the backward ops.
+# Hand-picked shapes: every case of the edge suite's categories (helpers.suites), for the backward ops.
 CASES = [
     _p(N=2, C=1, H=7, W=9, K=3, R=3, S=3, padding=1),  # C = 1, K odd, H != W
     _p(N=3, C=3, H=10, W=8, K=5, R=3, S=3, padding=1, stride=(1, 2)),  # C = 3, stride (1, 2)
@@ -240,7 +240,7 @@ def test_banded_compare_equals_one_shot(op: str, layout: str):
         out = p.from_logical(reference(p, a, b).float())
         one, many = compare(p, a, b, out, exact=True), compare(p, a, b, out, exact=True, max_elems=small)
         assert one == many == {"max_abs_err": 0.0, "worst_err_over_bound": 0.0, "rel_l2": 0.0, "nonfinite": 0,
-                               "exact_equal": True}  # fmt: skip
+                               "exact_equal": True}
 
 
 def test_wgrad_band_is_a_partial_sum():
@@ -651,7 +651,7 @@ def test_make_inputs_int_ranges_shrink_then_refuse_past_the_exactness_limit():
     lim = {"fprop": 2**24 // 6, "dgrad": 2**24 // 6, "wgrad": 2**24 // 3}
     assert lim == {op: 2**24 // (INT_MAX[op][0] * INT_MAX[op][1]) for op in OPS} == {
         "fprop": 2796202, "dgrad": 2796202, "wgrad": 5592405
-    }  # fmt: skip
+    }
     at = {
         "fprop": Conv2dProblem(N=1, C=lim["fprop"], H=1, W=1, K=1, R=1, S=1),
         "dgrad": Conv2dProblem(N=1, C=1, H=1, W=1, K=lim["dgrad"], R=1, S=1, op="dgrad"),
@@ -679,7 +679,7 @@ def test_make_inputs_int_ranges_shrink_then_refuse_past_the_exactness_limit():
 def test_make_inputs_cancel_gives_exact_zero(op: str, layout: str, dtype: str):
     for groups in (1, 2):
         p = Conv2dProblem(N=4, C=8, H=9, W=7, K=4, R=3, S=3, padding=1, stride=(2, 1), groups=groups, op=op,
-                          layout=layout, dtype=dtype)  # fmt: skip
+                          layout=layout, dtype=dtype)
         a, b = p.make_inputs(kind="cancel", seed=groups)
         assert float(a.abs().max()) > 0.5 and float(b.abs().max()) > 0.01  # real values, not zeros
         assert float(reference(p, a, b).abs().max()) <= 1e-12
@@ -713,7 +713,7 @@ def test_inputs_outputs_and_tensor_shapes():
     x, w, y = (2, 10, 8, 6), (4, 3, 5, 3), (2, 5, 8, 4)
     assert (p.x_shape, p.w_shape, p.y_shape) == (x, w, y)
     want = {"fprop": (("x", "w"), "y", (x, w), y), "dgrad": (("dy", "w"), "dx", (y, w), x),
-            "wgrad": (("x", "dy"), "dw", (x, y), w)}  # fmt: skip
+            "wgrad": (("x", "dy"), "dw", (x, y), w)}
     for op, (inputs, output, in_shapes, out_shape) in want.items():
         q = replace(p, op=op)
         assert (q.inputs, q.output, q.input_shapes, q.output_shape) == (inputs, output, in_shapes, out_shape)
@@ -783,7 +783,7 @@ def test_op_field_label_as_dict_and_validation():
     p = Conv2dProblem(N=2, C=6, H=10, W=8, K=4, R=3, S=5, stride=(2, 1), padding=(1, 2), dilation=2, groups=2)
     assert p.op == "fprop" and p.name == "N2 C6 10x8 K4 3x5 s2,1 p1,2 d2 g2"  # fprop labels unchanged
     d = Conv2dProblem(N=2, C=6, H=10, W=8, K=4, R=3, S=5, stride=(2, 1), padding=(1, 2), dilation=2, groups=2,
-                      op="dgrad")  # fmt: skip
+                      op="dgrad")
     assert d.name == "dgrad N2 C6 10x8 K4 3x5 s2,1 p1,2 d2 g2"
     assert replace(p, op="wgrad", name="").name == "wgrad N2 C6 10x8 K4 3x5 s2,1 p1,2 d2 g2"
     assert d != p and d == replace(p, op="dgrad") and hash(d) == hash(replace(p, op="dgrad"))

@@ -74,7 +74,7 @@ def random_c8_problems(n: int = 40, seed: int = 12) -> list[Conv2dProblem]:
                 R=rng.choice([1, 2, 3, 5, 7, 16]), S=rng.choice([1, 2, 3, 4, 16]),
                 stride=(rng.randint(1, 3), rng.randint(1, 3)), padding=(rng.randint(0, 4), rng.randint(0, 4)),
                 dilation=(rng.randint(1, 3), rng.randint(1, 2)),
-            ))  # fmt: skip
+            ))
         except ValueError:  # filter larger than the padded image: draw again
             continue
     return out
@@ -106,7 +106,7 @@ def test_kernel_arguments_match_the_launch_by_name():
     assert got == {
         "x": "x", "w": "w", "y": "y", "N": 2, "C": 16, "H": 9, "W": 7, "K": 24, "R": 3, "S": 2, "P": p.P,
         "Q": p.Q, "sh": 2, "sw": 1, "ph": 1, "pw": 0, "dh": 1, "dw": 2, "groups": 1,
-    }  # fmt: skip
+    }
     assert all(isinstance(a, Buffer) == ("*" in d) for a, d in zip(launch.args, params))
 
 
@@ -269,7 +269,7 @@ def test_prepare_builds_with_the_stages_define(monkeypatch):
     def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
         return hc.CompiledKernel(function=lambda *a, **k: None, num_regs=145, shared_static_bytes=0, local_bytes=0,
-                                 max_threads_per_block=256)  # fmt: skip
+                                 max_threads_per_block=256)
 
     monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=H200_SMEM, cc=(9, 0)))
@@ -310,7 +310,7 @@ def ptx(defines: dict) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "k.ptx"
         cmd = ["nvcc", "-ptx", "-arch=sm_80", *hc.NVCC_OPTIONS, *hc.define_flags(defines), "-I", str(hc.KERNEL_DIR),
-               str(hc.kernel_path(CU_FILE)), "-o", str(out)]  # fmt: skip
+               str(hc.kernel_path(CU_FILE)), "-o", str(out)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         return out.read_text()
@@ -332,7 +332,7 @@ def test_planted_fault_drops_exactly_one_instruction(plant, dropped):
     good, bad = ptx({"STAGES": 3}), ptx({"STAGES": 3, "PLANT_FAULT": plant})
     assert good.count(dropped) == 2 and dropped not in bad, dropped  # the main loop's, in each of the two entries
     for s in ("cp.async.wait_group 1;", "cp.async.wait_group 0;", "cp.async.commit_group;", "cp.async.cg.shared.global",
-              "bar.sync", "mma.sync", "ldmatrix"):  # fmt: skip
+              "bar.sync", "mma.sync", "ldmatrix"):
         if s != dropped:
             assert good.count(s) == bad.count(s), s
 

@@ -17,7 +17,7 @@ from helpers.plots import draw_mapping, plot_bench  # noqa: E402
 
 # python -m benchmarks's CSVs (the tuner's tune_*.csv have no plot)
 RESULTS = sorted(p for p in (Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*/*.csv")
-                 if not p.name.startswith("tune_"))  # fmt: skip
+                 if not p.name.startswith("tune_"))
 
 
 @pytest.mark.skipif(not RESULTS, reason="no committed results")

@@ -242,6 +242,6 @@ def test_odd_pair_values_raise_instead_of_being_coerced(change: dict, match: str
 
 def test_numpy_integers_are_accepted_as_ints():
     p = Conv2dProblem(N=np.int64(2), C=np.int32(4), H=8, W=8, K=4, R=3, S=3, stride=np.int64(2),
-                      padding=np.array([1, 1]), dilation=(np.int64(1), 1))  # fmt: skip
+                      padding=np.array([1, 1]), dilation=(np.int64(1), 1))
     assert p == Conv2dProblem(N=2, C=4, H=8, W=8, K=4, R=3, S=3, stride=2, padding=1)
     assert type(p.N) is int and all(type(v) is int for v in p.stride + p.padding + p.dilation)

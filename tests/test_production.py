@@ -219,7 +219,7 @@ def test_kernel_arguments_match_the_launch_by_name():
         "N": 2, "C": 16, "H": 9, "W": 7, "K": 24, "R": 3, "S": 2, "P": p.P, "Q": p.Q, "sh": 2, "sw": 1,
         "ph": 1, "pw": 0, "dh": 1, "dw": 2, "cin": "cin", "bias": "bias", "alpha": 2.0, "beta": -1.0,
         "relu": 1, "swz_log": 3,
-    }  # fmt: skip
+    }
     (plain,) = production_launches(p, PLAIN, cfg)
     assert [a.item() for a in plain.args[20:23]] == [1.0, 0.0, 0]
 
@@ -247,7 +247,7 @@ def test_sm90_build_has_exactly_the_instantiated_entries(sm90_build):
     [(64, "optimized"), (8, "optimized"), (16, "optimized"), (40, "optimized"), (1, "few_channels"),
      (3, "few_channels"), (5, "few_channels"), (7, "few_channels"), (9, "analytic"), (12, "analytic"),
      (45, "analytic")],
-)  # fmt: skip
+)
 def test_choose_iterator(C, iterator):
     p = nhwc(N=1, C=C, H=8, W=8, K=16, R=3, S=3, padding=1)
     assert choose_iterator(p) == iterator
@@ -666,7 +666,7 @@ def test_fused_operand_refusals(no_gpu_checks):
         (torch.zeros(1, p.K, dtype=torch.float16), ValueError, "bias must be"),
         (bias.to(torch.bfloat16), ValueError, "bias must be"),
         ([0.0] * p.K, TypeError, "bias must be a torch.Tensor or None; got list"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(exc, match=re.escape(msg)):
             prepare(V, p, x, w, cin=cin, bias=bad, epilogue=ep)
     with pytest.raises(ValueError, match=r"epilogue beta = 2.0 needs cin"):
@@ -715,7 +715,7 @@ def test_fused_refuses_aliasing(no_gpu_checks):
     "ep, msg",
     [(Epilogue(alpha=1e39), "alpha = 1e+39 is inf in float32"), (Epilogue(alpha=float("nan")), "alpha = nan"),
      (Epilogue(beta=1e-50), "beta = 1e-50 is 0.0 in float32")],
-)  # fmt: skip
+)
 def test_fused_refuses_scalars_float32_cannot_carry(no_gpu_checks, ep, msg):
     p = nhwc(N=1, C=8, H=6, W=6, K=8, R=3, S=3, padding=1)
     x, w = p.make_inputs()

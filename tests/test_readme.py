@@ -75,7 +75,7 @@ def test_cpu_requirements_pin_torch_and_leave_out_pycuda():
     assert not names & {"pycuda", "lovely-tensors"}
     assert {"pytest", "ruff", "nbformat", "nbclient", "numpy", "pandas"} <= names
     runtime = {re.split(r"[<>=!~\[ ]", ln)[0].lower() for ln in (ROOT / "requirements.txt").read_text().splitlines()
-               if ln.strip() and not ln.startswith("#")}  # fmt: skip
+               if ln.strip() and not ln.startswith("#")}
     assert {"pycuda", "torch", "lovely-tensors", "jupyter", "tqdm", "scikit-image", "pytest", "ruff"} <= runtime
     floor = re.search(r"^pycuda>=(\d+)\.(\d+)", (ROOT / "requirements.txt").read_text(), re.M)
     assert floor and (int(floor[1]), int(floor[2])) >= (2026, 1)  # 2025.1.1 fails to build against CUDA 13
@@ -90,7 +90,7 @@ def test_no_results_yet(tmp_path: Path):
 
 def _fake_results(results_dir: Path) -> None:
     meta = dict(gpu="NVIDIA H200", driver="580.95.05", cuda="13.0", torch="2.13.0", cudnn="91500",
-                cudnn_fp32_precision="ieee", suite="quick", date="2026-11-30")  # fmt: skip
+                cudnn_fp32_precision="ieee", suite="quick", date="2026-11-30")
     nan = math.nan
     rows = [
         dict(variant="cudnn", day=0, problem="a", ok=None, status="baseline", ms_p50=1.0, x_cudnn=1.0),
@@ -111,7 +111,7 @@ def _fake_results(results_dir: Path) -> None:
              layout="NHWC"),
         *[dict(variant="depthwise", day=7, problem=q, ok=None, status="unsupported: groups", ms_p50=nan,
                x_cudnn=nan, dtype="fp32", layout="NCHW") for q in "abc"],
-    ]  # fmt: skip
+    ]
     d = results_dir / "nvidia-h200"
     d.mkdir(parents=True)
     pd.DataFrame([{**r, **meta} for r in rows]).to_csv(d / "quick.csv", index=False)
@@ -179,7 +179,7 @@ def test_curriculum_shows_the_gpu_and_the_measured_notebook_costs(tmp_path: Path
              date="2026-12-07"),
         dict(notebook="day_08_im2col", day=8, seconds=150.0, peak_gpu_mib=12 * 1024, quick=True, gpu="NVIDIA H100",
              date="2026-12-07"),
-    ]).to_csv(d / "notebooks.csv", index=False)  # fmt: skip
+    ]).to_csv(d / "notebooks.csv", index=False)
     table = rt.curriculum_table(tmp_path, registered={1: ["naive"]}, results_dir=tmp_path)
     rows = {ln.split(" | ")[0]: ln for ln in table.splitlines() if ln.startswith("| ")}
     assert "| sm_75+ | 1.5 | 0.7 GiB | yes |" in rows["| 01"]
@@ -200,7 +200,7 @@ def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
     "text",
     ["no markers", "<!-- results:start -->", "<!-- results:end --> <!-- results:start -->",
      "<!-- results:start --><!-- results:start --><!-- results:end -->"],
-)  # fmt: skip
+)
 def test_replace_between_refuses_bad_markers(text: str):
     with pytest.raises(ValueError, match="results"):
         rt.replace_between(text, "results", "body")
@@ -245,7 +245,7 @@ def test_baselines_with_errors_and_memory_skips_are_not_refusals(tmp_path: Path)
              x_cudnn=math.nan),
         dict(variant="depthwise", day=7, problem="a", ok=None, status="unsupported: groups", ms_p50=math.nan,
              x_cudnn=math.nan),
-    ]  # fmt: skip
+    ]
     d = tmp_path / "nvidia-h200"
     d.mkdir()
     pd.DataFrame([{**r, "gpu": "NVIDIA H200", "dtype": "fp32", "layout": "NCHW"} for r in rows]).to_csv(

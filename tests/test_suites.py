@@ -1,4 +1,4 @@
-"""The named problem suites: sizes, the edge categories of design.md, dtype/layout conversion."""
+"""The named problem suites: sizes, the edge categories (`helpers.suites`), dtype/layout conversion."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_depthwise():
     assert all(p.C == p.K == p.groups and p.N == 32 and (p.R, p.S) == (3, 3) and p.padding == (1, 1) for p in probs)
     assert [(p.C, p.H, p.stride[0]) for p in probs] == [
         (32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (384, 14, 1), (576, 14, 1), (960, 7, 1),
-    ]  # fmt: skip
+    ]
 
 
 def test_quick_is_small_and_same():
@@ -56,7 +56,7 @@ def test_seed_is_single_image_same_fp32():
     assert min(p.H for p in probs) == 64 and max(p.H for p in probs) == 1024
 
 
-# design.md "Edge suite": each category must have at least one problem.
+# The edge suite's categories (helpers.suites): each must have at least one problem.
 EDGE_CATEGORIES = {
     "H != W": lambda p: p.H != p.W,
     "sizes dividing no tile (37x53)": lambda p: (p.H, p.W) == (37, 53),
@@ -110,7 +110,7 @@ def test_suite_conversion(dtype, layout):
         assert b.dtype == (dtype or "fp32") and b.layout == (layout or "NCHW")
         assert (a.N, a.C, a.H, a.W, a.K, a.R, a.S, a.stride, a.padding, a.dilation, a.groups) == (
             b.N, b.C, b.H, b.W, b.K, b.R, b.S, b.stride, b.padding, b.dilation, b.groups,
-        )  # fmt: skip
+        )
         assert (a.P, a.Q) == (b.P, b.Q)
         if layout == "NHWC":
             assert b.x_shape == (a.N, a.H, a.W, a.C)

@@ -124,7 +124,7 @@ def test_concurrent_stores_keep_every_entry(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
     path = tmp_path / "t.json"
     procs = [subprocess.Popen([sys.executable, "-c", STORE_SCRIPT, str(path), str(tag)], env=env,
-                              stderr=subprocess.PIPE, text=True) for tag in (0, 1)]  # fmt: skip
+                              stderr=subprocess.PIPE, text=True) for tag in (0, 1)]
     errors = [p.communicate(timeout=240)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     assert len(ht.TuneCache(path, environment=ENV).entries) == 400
@@ -152,7 +152,7 @@ def test_store_keeps_the_files_permissions(tmp_path):
     ("[" * 100_000 + "]" * 100_000, "unreadable"),  # nested past the parser's recursion limit
     ("[1, 2]", "JSON list"),
     (None, "1 malformed entries"),
-])  # fmt: skip
+])
 def test_a_damaged_cache_falls_back_to_the_rule_with_one_warning(tmp_path, text, words):
     """A file that is not JSON, not an object, or an entry without what a hit needs: one
     TuneCacheWarning naming the file, the rule's choice runs (no JSONDecodeError, KeyError or
@@ -264,7 +264,7 @@ def random_problems(n=40, seed=15):
         h = rng.choice((7, 14, 28, 56, 112))
         out.append(Conv2dProblem(N=rng.choice((1, 4, 32, 128)), C=8 * rng.randint(1, 64), H=h, W=h,
                                  K=8 * rng.randint(1, 128), R=r, S=r, padding=r // 2, stride=rng.choice((1, 2)),
-                                 **NHWC16))  # fmt: skip
+                                 **NHWC16))
     return out
 
 
@@ -289,7 +289,7 @@ def test_the_model_counts_waves_and_prefers_bigger_warp_tiles():
     """Sanity of `gemm_tile_us`: one block past a full wave (2 resident blocks on each of 132 SMs)
     costs a second round; a smaller warp tile is less efficient."""
     t = ht.GemmTile(m=264 * 128, n=128, k=1152, bm=128, bn=128, bk=64, warp_m=64, warp_n=64, threads=128, stages=3,
-                    shared_bytes=98304, regs=255)  # fmt: skip
+                    shared_bytes=98304, regs=255)
     launch = ht.H200.launch_us
     one_wave, two_waves = ht.gemm_tile_us(t, ht.H200), ht.gemm_tile_us(replace(t, m=265 * 128), ht.H200)
     assert two_waves - launch > 1.5 * (one_wave - launch)
@@ -359,7 +359,7 @@ def stand_in_device(monkeypatch) -> None:
     """An H200's facts for `helpers.gpu.device_info`, and builds that take 0.5 s and do nothing."""
     monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
     info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
-                           l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))  # fmt: skip
+                           l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))
     monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
 
 
@@ -373,10 +373,10 @@ class FakeGPU:
         monkeypatch.setattr(ht, "_inputs", lambda p: ())
         self.checked = []
         verdict = SimpleNamespace(reason=lambda v, out: self.checked.append(_config(v)) or (
-            None if bool((out == 1).all()) else "planted wrong output"))  # fmt: skip
+            None if bool((out == 1).all()) else "planted wrong output"))
         monkeypatch.setattr(ht.Reference, "of", classmethod(lambda cls, p, inputs: verdict))
         monkeypatch.setattr(ht, "check_winner", lambda v, p: "planted: integer inputs but not bit-exact"
-                            if _config(v) in set(inexact) else None)  # fmt: skip
+                            if _config(v) in set(inexact) else None)
         stand_in_device(monkeypatch)
 
     def time_ms(self, variant, p, inputs, reps, target_ms=0.0):
@@ -403,7 +403,7 @@ def toy_space(n: int = 6) -> tuple[ht.Space, list[str]]:
 def test_search_stops_early_never_picks_a_wrong_output_and_tries_variations(monkeypatch, tmp_path):
     sp, names = toy_space()
     ms = {names[0]: 1.0, names[1]: 0.5, names[2]: 0.52, names[3]: 0.9, names[4]: 0.3, names[5]: 0.8,
-          names[1].replace("_sw0", "_sw1"): 0.45}  # fmt: skip
+          names[1].replace("_sw0", "_sw1"): 0.45}
     fake = FakeGPU(monkeypatch, ms, wrong=[names[4]])  # the fastest gives a wrong output
     cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
     row = ht.tune_problem(sp, P1, cache, keep=6)
@@ -450,7 +450,7 @@ class OneBlock:
         stand_in_device(monkeypatch)
         monkeypatch.setattr(hv, "prepare", prepare)
         monkeypatch.setattr(timing, "time_gpu", lambda plan, warmup=1, reps=None, target_ms=0.0: plan() or
-                            SimpleNamespace(ms_p50=ms.get(plan.cfg, 1.0)))  # fmt: skip
+                            SimpleNamespace(ms_p50=ms.get(plan.cfg, 1.0)))
         monkeypatch.setattr(ht, "_inputs", lambda problem: self.inputs)
         monkeypatch.setattr(ht, "check_winner", lambda v, problem: None)  # the reference check is under test
 
@@ -506,7 +506,7 @@ def test_tune_runs_every_problem_and_records_a_fault(monkeypatch, tmp_path):
     monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
     bad = Conv2dProblem(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1, dtype="fp32", layout="NCHW")  # adapted
     df = ht.tune("igemm_production", [P1, P2, bad], ht.TuneCache(tmp_path / "t.json", environment=ENV),
-                 progress=False)  # fmt: skip
+                 progress=False)
     assert list(df.status) == ["ok", "ok", "ok"] and list(df.config[:2]) == [names[1]] * 2
     assert df.tune_s.sum() > 0 and df.compile_s.sum() == pytest.approx(0.5)
 
@@ -562,7 +562,7 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
         seen.update(variant=variant, n=len(probs), exhaustive=exhaustive, keep=keep)
         return pd.DataFrame([{"problem": p.name, "variant": variant, "config": "c", "ms": 0.1, "rule_ms": 0.12,
                               "tune_s": 0.5, "best_ms": 0.09, "status": "ok",
-                              "sweep": {"c": (10.0, 0.1), "d": (12.0, 0.09)}} for p in probs])  # fmt: skip
+                              "sweep": {"c": (10.0, 0.1), "d": (12.0, 0.09)}} for p in probs])
 
     def fake_cudnn(p):
         if p.K == 64:
@@ -576,7 +576,7 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
     fp32 = [replace(p, dtype="fp32", layout="NCHW", name="") for p in problems]
     monkeypatch.setattr("helpers.suites.SUITES", {"resnet50": lambda: fp32})
     rc = cli.main(["--suite", "resnet50", "--variants", "igemm_production", "--exhaustive", "--cold", "--out",
-                   str(tmp_path), "--no-progress"])  # fmt: skip
+                   str(tmp_path), "--no-progress"])
     assert rc == 0 and seen == {"variant": "igemm_production", "n": 3, "exhaustive": True, "keep": ht.KEEP}
     df = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC.csv")
     for col in ("problem", "variant", "config", "ms", "best_ms", "tune_s", "x_cudnn", "rule_x_cudnn", "gpu", "date"):
@@ -653,7 +653,7 @@ def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_pr
             (k, *_) = [k for k in c.variant.launches(p) if k.name.startswith("phase")]
             assert k.entry.endswith(f"{space.parse_config(c.config)[0].name}_{rule.iterator}_fp16")
     assert "no entry for tile 256x64x32_w4x2_s4_b1" in dg.make_dgrad("x", tile="256x64x32_w4x2_s4_b1").supports(
-        replace(P1, op="dgrad", name=""), smem_limit=227 * 1024)  # fmt: skip
+        replace(P1, op="dgrad", name=""), smem_limit=227 * 1024)
     with pytest.raises(ValueError, match="swizzle = 7"):
         dg.make_dgrad("x", swizzle=7)
 

@@ -60,7 +60,7 @@ def random_problems(n: int = 50, seed: int = 2024) -> list[Conv2dProblem]:
             elif kind < 0.8:  # depthwise
                 C = rng.randint(1, 12)
                 out.append(Conv2dProblem(N=N, C=C, H=H, W=W, K=C, R=3, S=3, padding=1,
-                                         stride=rng.choice([1, 2]), groups=C))  # fmt: skip
+                                         stride=rng.choice([1, 2]), groups=C))
             else:  # general
                 g = rng.choice([1, 2])
                 out.append(
@@ -69,7 +69,7 @@ def random_problems(n: int = 50, seed: int = 2024) -> list[Conv2dProblem]:
                         R=rng.randint(1, 5), S=rng.randint(1, 5), stride=rng.choice([1, 2, (2, 1)]),
                         padding=rng.choice([0, 1, (2, 0)]), dilation=rng.choice([1, 2]), groups=g,
                     )
-                )  # fmt: skip
+                )
         except ValueError:  # filter larger than the padded image: draw again
             continue
     return out
@@ -299,7 +299,7 @@ def test_bad_y_refused_before_gpu(v, no_gpu):
     x, w = p.make_inputs()
     shape, name = p.tensor_shape(p.output), p.output
     for y in (torch.empty(1), torch.empty(shape, dtype=torch.float64), torch.empty(shape + (2,))[..., 0],
-              np.zeros(shape, dtype=np.float32)):  # fmt: skip
+              np.zeros(shape, dtype=np.float32)):
         with pytest.raises(ValueError, match=f"{name} must be"):
             prepare(v, p, x, w, out=y)
         with pytest.raises(ValueError, match=f"{name} must be"):
@@ -320,7 +320,7 @@ INT32_PRODUCTS = [
       for n in ("igemm_simt_analytic", "igemm_simt", "igemm_wmma", "igemm_mma")],
     # 06 (K < 32 tiles): `for (c0 = 0; c0 < C; c0 += CC)` wraps for C > INT32_MAX - CC + 1.
     pytest.param("blocked", Conv2dProblem(N=1, C=2**31 - 1, H=1, W=1, K=1, R=1, S=1), "C =", id="blocked-C"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name, p, words", INT32_PRODUCTS)
@@ -335,7 +335,7 @@ def test_int32_product_limits_are_tight(name: str):
     """Just inside the new limits the variants still claim the problem."""
     v = get(name)
     for p in (Conv2dProblem(N=1, C=2**31 - 32, H=1, W=1, K=1, R=1, S=1),
-              Conv2dProblem(N=1, C=1, H=46340, W=46340, K=1, R=1, S=1)):  # fmt: skip
+              Conv2dProblem(N=1, C=1, H=46340, W=46340, K=1, R=1, S=1)):
         assert v.supports(v.adapt(p, op=True), smem_limit=2**31) is None, (name, p.name)
 
 
@@ -373,7 +373,7 @@ def stand_in_gpu(monkeypatch):
 
         offsets = tuple(112 + 128 * i for i in range(params)) if params else None  # room for any parameter
         return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
-                                 max_threads_per_block=1024, param_offsets=offsets)  # fmt: skip
+                                 max_threads_per_block=1024, param_offsets=offsets)
 
     monkeypatch.setattr(hv, "check_tensors", check_but_device)
     monkeypatch.setattr(hv, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
@@ -403,7 +403,7 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     assert (ws is None) == (v.workspace_bytes(p) == 0) and (ws is None or ws.numel() == v.workspace_bytes(p))
     plan()
     ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
-            "workspace": ws.data_ptr() if ws is not None else None}  # fmt: skip
+            "workspace": ws.data_ptr() if ws is not None else None}
     assert [c[0] for c in calls] == [k.entry for k in launches]
     tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y}
     for (entry, args, grid, block, shared), k in zip(calls, launches):

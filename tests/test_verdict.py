@@ -79,7 +79,7 @@ def verdict(p: Conv2dProblem, make, kinds=("normal", "int")):
         r = compare(p, x, w, make(p, x, w), accum="fp32", exact=(kind == "int"))
         out[kind] = judge(variant="planted", problem=p, kind=kind, accum="fp32", nonfinite=r["nonfinite"],
                           max_abs_err=r["max_abs_err"], worst_err_over_bound=r["worst_err_over_bound"],
-                          rel_l2=r["rel_l2"], exact=r["exact_equal"], repeat_bitwise=True)  # fmt: skip
+                          rel_l2=r["rel_l2"], exact=r["exact_equal"], repeat_bitwise=True)
     return out
 
 
@@ -164,7 +164,7 @@ def test_the_default_verdict_combines_normal_and_int(monkeypatch):
         bad = kind == "int"
         return CheckResult("v", problem.name, kind, not bad, "integer inputs but not bit-exact" if bad else "",
                            2.0 if bad else 1.0, 0.5 if bad else 0.25, 1e-7, 3 if bad else 0,
-                           False if bad else None, True)  # fmt: skip
+                           False if bad else None, True)
 
     monkeypatch.setattr(hc, "_check_kind", one)
     p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)

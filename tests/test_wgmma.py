@@ -243,7 +243,7 @@ def _largest_u(p: Conv2dProblem, cfg) -> int:
     steps = p.R * p.S * cdiv(p.C, BK)
     grid = grid_blocks(p, cfg)
     items, blocks = (pair_tiles(p, cfg), grid // 2) if cfg.mode in CLUSTER_MODES else (
-        tile_count(p, cfg), grid)  # fmt: skip
+        tile_count(p, cfg), grid)
     per_block = np.bincount(grid_stride_items(items, blocks) % blocks, minlength=blocks).max()
     if cfg.mode != "pingpong":
         return int(per_block * steps)
@@ -546,7 +546,7 @@ def generic_accesses(ptx: str) -> list[str]:
     """The ``ld``/``st`` instructions of ``ptx`` without a state space (.shared, .global, ...): loads
     and stores through generic addresses, which ptxas turns into LD/ST instead of LDS/STS or LDG/STG."""
     return [m.group(1) + m.group(2) for m in PTX_ACCESS.finditer(ptx)
-            if not STATE_SPACES & set(m.group(2).split(".")[1:])]  # fmt: skip
+            if not STATE_SPACES & set(m.group(2).split(".")[1:])]
 
 
 def ptx_of(source: str, tmp_path) -> str:

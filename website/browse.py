@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT_DIR = ROOT / "website" / "screenshots"
 SCREENSHOT_DAY = "notebooks/day_09_igemm_simt/"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
+                 "--disable-background-networking", "--disable-component-update"]
 SEARCH_TERM = "swizzle"
 # Resolves once MathJax (on notebook pages) has typeset the page, and at once where there is none
 MATHJAX_DONE = "() => new Promise(r => (window.MathJax && MathJax.Hub) ? MathJax.Hub.Queue(() => r(true)) : r(false))"
@@ -139,7 +139,7 @@ def visit(page, url: str, base: str) -> PageReport:
         page.evaluate(MATHJAX_DONE)
         page.wait_for_load_state("networkidle")
         imgs = page.eval_on_selector_all("img", "els => els.map(e => [e.currentSrc.slice(0, 80), e.complete && "
-                                         "e.naturalWidth > 0])")  # fmt: skip
+                                         "e.naturalWidth > 0])")
         for src, ok in imgs:
             if not ok:
                 rep.problems.append(f"image did not load: {src}")

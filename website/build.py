@@ -43,7 +43,7 @@ STAGE_DIR = ROOT / "build" / "site-src"
 SITE_NAME = "conv2d-days"
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv"}
 LANGUAGES = {".cu": "cuda", ".cuh": "cuda", ".py": "python", ".sh": "bash", ".toml": "toml", ".txt": "text",
-             ".yml": "yaml", ".yaml": "yaml", ".json": "json", ".md": "markdown"}  # fmt: skip
+             ".yml": "yaml", ".yaml": "yaml", ".json": "json", ".md": "markdown"}
 ASSETS_DIR = "assets/conv2d"  # website/assets: the site's own CSS and JavaScript
 MATHJAX_DIR = "assets/mathjax"
 # jupyter-server-mathjax ships MathJax 2 with this one full configuration (plus Safe). The URL is
@@ -98,7 +98,7 @@ def _code_page(repo_path: str) -> str:
 
     taught, named = taught_on(repo_path)
     line = " ".join(x for x in (f"Taught on {links(taught)}." if taught else "",
-                                f"Also on {links(named)}." if named else "") if x)  # fmt: skip
+                                f"Also on {links(named)}." if named else "") if x)
     head = f"# `{repo_path}`\n\n" + (f"{line}\n\n" if line else "")
     return f'{head}{fence}{lang} linenums="1"\n{text.rstrip()}\n{fence}\n'
 
@@ -247,14 +247,14 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
                     "cache": False,
                 }
             },
-        ],  # fmt: skip
+        ],
         "markdown_extensions": [
             "tables",
             "admonition",
             {"toc": {"permalink": True}},
             {"pymdownx.highlight": {"anchor_linenums": True}},
             "pymdownx.superfences",
-        ],  # fmt: skip
+        ],
         "validation": {"links": {"not_found": "warn", "absolute_links": "info", "unrecognized_links": "warn"}},
     }
     (stage_dir / "mkdocs.yml").write_text(json.dumps(config, indent=1, ensure_ascii=False))  # JSON is YAML
@@ -272,7 +272,7 @@ def build(out: Path = BUILD_DIR, stage_dir: Path = STAGE_DIR) -> Path:
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(stage_dir / "mkdocs.yml"),
          "-d", str(out.resolve())],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     if r.returncode != 0:
         raise BuildError(f"mkdocs build failed (exit {r.returncode}):\n{r.stdout}{r.stderr}")
     return out

@@ -60,4 +60,4 @@ __all__ = [
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
     "iterator_reason", "make_production", "production_launches", "read_entries", "tensor_check", "tiles_for",
     "tune_defines",
-]  # fmt: skip
+]

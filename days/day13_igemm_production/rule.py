@@ -101,7 +101,7 @@ class ProductionConfig:
         t, lg = self.tile, self.swizzle
         m_tiles, n_tiles = cdiv(p.gemm.m, t.bm), cdiv(p.K, t.bn)
         return LaunchConfig(grid=(m_tiles << lg, cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
-                            shared_bytes=t.shared_bytes)  # fmt: skip
+                            shared_bytes=t.shared_bytes)
 
 
 def choose(

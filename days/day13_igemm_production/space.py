@@ -89,10 +89,10 @@ def gemm_tile(p: Conv2dProblem, t: TileDescription) -> GemmTile:
     loader_rows = t.bm // rows_per_pass + t.bn // rows_per_pass
     cap = min(255, 65536 // (t.threads * t.min_blocks))
     regs = min(cap, t.accumulators_per_thread + frags * (2 if t.fragment_double_buffering() else 1)
-               + 3 * loader_rows + 30)  # fmt: skip
+               + 3 * loader_rows + 30)
     return GemmTile(m=g.m, n=g.n, k=g.k, bm=t.bm, bn=t.bn, bk=t.bk, warp_m=wm, warp_n=wn, threads=t.threads,
                     stages=t.stages, shared_bytes=t.shared_bytes, regs=regs,
-                    steps=p.R * p.S * cdiv(p.C // p.groups, t.bk), dram_bytes=dram_bytes(p))  # fmt: skip
+                    steps=p.R * p.S * cdiv(p.C // p.groups, t.bk), dram_bytes=dram_bytes(p))
 
 
 def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
@@ -126,4 +126,4 @@ def _variant_for(config: str, p: Conv2dProblem) -> Variant:
 
 
 SPACE = register_space(Space(VARIANT, candidates, variations, _variant_for,
-                             summary="tile descriptions built alone x threadblock swizzle"))  # fmt: skip
+                             summary="tile descriptions built alone x threadblock swizzle"))

@@ -177,4 +177,4 @@ def tune_defines(tile: TileDescription, dtype: str) -> dict:
     the ``PIPE_TUNE_*`` block of ``13_igemm_production.cu``; its entry is named as an instantiated one."""
     return {"PIPE_TUNE_BM": tile.bm, "PIPE_TUNE_BN": tile.bn, "PIPE_TUNE_BK": tile.bk, "PIPE_TUNE_WGM": tile.warps_m,
             "PIPE_TUNE_WGN": tile.warps_n, "PIPE_TUNE_ST": tile.stages, "PIPE_TUNE_MINB": tile.min_blocks,
-            "PIPE_TUNE_BF16": int(dtype == "bf16")}  # fmt: skip
+            "PIPE_TUNE_BF16": int(dtype == "bf16")}

@@ -67,7 +67,7 @@ def int32_walk_reason(p: Conv2dProblem, bk: int) -> str | None:
     if p.R * p.S * p.C + 2 * bk > INT32_MAX:
         return f"GEMM-K = R*S*C = {p.R * p.S * p.C} plus two BK = {bk} steps does not fit the kernel's 32-bit walk"
     axes = (("rows", p.P, p.stride[0], p.padding[0], p.R, p.dilation[0], p.H),
-            ("columns", p.Q, p.stride[1], p.padding[1], p.S, p.dilation[1], p.W))  # fmt: skip
+            ("columns", p.Q, p.stride[1], p.padding[1], p.S, p.dilation[1], p.W))
     for what, n_out, st, pad, taps, dil, size in axes:
         reach = (n_out - 1) * st + (taps - 1) * dil + pad + size
         if reach > INT32_MAX:
@@ -80,7 +80,7 @@ def production_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: ProductionCon
     paddings, dilations (int32), the Cin and bias pointers (0 for none), alpha, beta (float32),
     relu and swz_log, the swizzle (int32)."""
     args = pack(p, f"x w y {FULL_SIZES} cin bias alpha beta relu swz_log", **scalars(epilogue),
-                swz_log=np.int32(cfg.swizzle))  # fmt: skip
+                swz_log=np.int32(cfg.swizzle))
     defines = tuple(sorted(tune_defines(cfg.tile, p.dtype).items())) if cfg.alone else ()
     return [KernelLaunch("main", cfg.entry(p.dtype), cfg.launch(p), args, defines)]
 
@@ -145,7 +145,7 @@ def make_production(
     chosen = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
     pick: Callable[[Conv2dProblem], ProductionConfig] = (lambda p: replace(chosen(p), alone=True)) if alone else chosen
     forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
-                       (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)  # fmt: skip
+                       (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)
     return Variant(
         name=name,
         day=13,

@@ -57,4 +57,4 @@ __all__ = [
     "choose_config", "choose_splits", "choose_wgrad", "dgrad", "dgrad_by_phases", "dgrad_iterator",
     "dgrad_mac_counts", "dgrad_phases", "dgrad_plan", "fast_div", "fast_div_apply", "make_dgrad", "make_wgrad", "model",
     "phase_conv", "phase_gemm_problem", "space", "split_k_slices", "train", "wgrad", "wgrad_split_k",
-]  # fmt: skip
+]

@@ -65,7 +65,7 @@ def phase_gemm_problem(p: Conv2dProblem) -> Conv2dProblem:
     N·ceil(H/sh)·ceil(W/sw) pixels, C outputs, K channels, a 1x1 filter: what day 13's tile rule
     and swizzle rule read."""
     return Conv2dProblem(N=p.N, C=p.K, H=cdiv(p.H, p.stride[0]), W=cdiv(p.W, p.stride[1]), K=p.C, R=1, S=1,
-                         dtype=p.dtype, layout="NHWC")  # fmt: skip
+                         dtype=p.dtype, layout="NHWC")
 
 
 def choose_config(p: Conv2dProblem) -> ProductionConfig:
@@ -132,9 +132,9 @@ def dgrad_plan(p: Conv2dProblem) -> list[PhaseLaunch]:
         for b in ph_w:
             if a.rows and b.rows and a.taps and b.taps:
                 (pad_h, dil_h), (pad_w, dil_w) = phase_conv(a, p.stride[0], p.dilation[0]), \
-                    phase_conv(b, p.stride[1], p.dilation[1])  # fmt: skip
+                    phase_conv(b, p.stride[1], p.dilation[1])
                 (r0, r_step), (s0, s_step) = phase_taps(a, p.stride[0], p.dilation[0]), \
-                    phase_taps(b, p.stride[1], p.dilation[1])  # fmt: skip
+                    phase_taps(b, p.stride[1], p.dilation[1])
                 off = (before_h * p.S + len(a.taps) * before_w) * p.C * p.K
                 out.append(PhaseLaunch(a, b, (pad_h, pad_w), (dil_h, dil_w), off, (r0, s0), (r_step, s_step)))
             before_w += len(b.taps)
@@ -254,7 +254,7 @@ def dgrad_reason(p: Conv2dProblem, pick: Pick = choose_config) -> str | None:
         return f"needs groups = 1; got {p.groups}"
     if any(zero_masks(p)) and max(p.stride) > MAX_ZERO_STRIDE:
         return (f"needs stride <= {MAX_ZERO_STRIDE} on both axes where dx pixels get no tap (the zero kernel "
-                f"takes each axis's phases without taps as a 32-bit mask); got stride {p.stride}")  # fmt: skip
+                f"takes each axis's phases without taps as a 32-bit mask); got stride {p.stride}")
     cfg = pick(p)
     if cfg.iterator not in instantiated().get(cfg.tile.name, ()):
         return f"{CU_FILE} has no entry for tile {cfg.tile.name} with the {cfg.iterator} iterator"
@@ -270,7 +270,7 @@ def dgrad_reason(p: Conv2dProblem, pick: Pick = choose_config) -> str | None:
         if i * j > INT32_MAX:
             return f"a phase's I*J = {i * j} dx pixels per image do not fit the kernel's 32-bit pixel index"
         for n_out, taps, pad, dil, size in ((i, ph.taps[0], ph.pad[0], ph.dil[0], p.P),
-                                            (j, ph.taps[1], ph.pad[1], ph.dil[1], p.Q)):  # fmt: skip
+                                            (j, ph.taps[1], ph.pad[1], ph.dil[1], p.Q)):
             if n_out + max(taps - 1, 0) * dil + abs(pad) + size > INT32_MAX:
                 return "a phase's dy reach (rows + filter reach + padding + size) does not fit 32-bit offsets"
     return None
@@ -297,10 +297,10 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, pick: Pick = choose_con
     out = []
     if not from_w:
         filt = LaunchConfig(grid=(cdiv(p.C, TRANSPOSE_TILE), cdiv(p.K, TRANSPOSE_TILE), p.R * p.S),
-                            block=(256, 1, 1))  # fmt: skip
+                            block=(256, 1, 1))
         out.append(KernelLaunch("filter", f"dgrad_filter_phases_{p.dtype}", filt,
                                 (Buffer("w"), Buffer("workspace"), *map(i32, (p.K, p.C, p.R, p.S, *p.stride,
-                                                                               *p.padding, *p.dilation)))))  # fmt: skip
+                                                                               *p.padding, *p.dilation)))))
     unit = "unit_" if p.stride == (1, 1) else ""
     entry = f"dgrad_{unit}{t.name}_{cfg.iterator}_{p.dtype}"
     for ph in dgrad_plan(p):
@@ -309,17 +309,17 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, pick: Pick = choose_con
         m_tiles, n_tiles = cdiv(p.N * i * j, t.bm), cdiv(p.C, t.bn)
         lg = cfg.swizzle
         launch = LaunchConfig(grid=(m_tiles << lg, cdiv(n_tiles, 1 << lg), 1), block=(t.threads, 1, 1),
-                              shared_bytes=t.shared_bytes)  # fmt: skip
+                              shared_bytes=t.shared_bytes)
         b = Buffer("w") if from_w else Buffer("workspace", 2 * ph.filter_offset)
         (r0, s0), (r_step, s_step) = ph.first, ph.step
         args = (Buffer("dy"), b, Buffer("dx"),
                 *map(i32, (p.N, p.K, p.P, p.Q, p.C, *ph.taps, i, j, *ph.pad, *ph.dil, p.H, p.W, *p.stride,
-                           ph.rows.phase, ph.cols.phase, p.R, p.S, r0, r_step, s0, s_step, lg)))  # fmt: skip
+                           ph.rows.phase, ph.cols.phase, p.R, p.S, r0, r_step, s0, s_step, lg)))
         out.append(KernelLaunch(f"phase_{where}", entry, launch, args))
     zh, zw = zero_masks(p)
     if zh or zw:
         out.append(KernelLaunch("zero", "dgrad_zero_phases", zero_launch(p)[0],
-                                (Buffer("dx"), *map(i32, (p.H, p.W, p.C, *p.stride)), u32(zh), u32(zw))))  # fmt: skip
+                                (Buffer("dx"), *map(i32, (p.H, p.W, p.C, *p.stride)), u32(zh), u32(zw))))
     return out
 
 
@@ -416,4 +416,4 @@ DGRAD = register(make_dgrad())
 __all__ = ["CU_FILE", "DGRAD", "PhaseLaunch", "choose_config", "dgrad_iterator", "dgrad_plan", "filter_phases",
            "make_dgrad",
            "in_place", "in_place_b", "instantiated", "phase_conv", "phase_gemm_problem", "phase_taps", "simulate",
-           "workspace_bytes", "zero_masks", "zero_pixels"]  # fmt: skip
+           "workspace_bytes", "zero_masks", "zero_pixels"]

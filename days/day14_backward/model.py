@@ -71,7 +71,7 @@ def axis_phases(out_len: int, in_len: int, taps: int, stride: int, pad: int, dil
     """
     if stride < 1 or dil < 1 or taps < 1 or out_len < 1 or in_len < 1 or pad < 0:
         raise ValueError(f"bad axis: out_len {out_len}, in_len {in_len}, taps {taps}, stride {stride}, "
-                         f"pad {pad}, dil {dil}")  # fmt: skip
+                         f"pad {pad}, dil {dil}")
     phases = []
     for phi in range(stride):
         rows = max(0, -(-(out_len - phi) // stride))
@@ -115,7 +115,7 @@ def dgrad_by_phases(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torc
     ph_h, ph_w = dgrad_phases(p)
     if tuple(dy.shape) != (p.N, p.K, p.P, p.Q) or tuple(w.shape) != (p.K, p.C, p.R, p.S):
         raise ValueError(f"dy {tuple(dy.shape)} / w {tuple(w.shape)}: expected ({p.N}, {p.K}, {p.P}, {p.Q}) / "
-                         f"({p.K}, {p.C}, {p.R}, {p.S})")  # fmt: skip
+                         f"({p.K}, {p.C}, {p.R}, {p.S})")
     dy64, w64 = dy.double(), w.double()
     dx = torch.zeros((p.N, p.C, p.H, p.W), dtype=torch.float64, device=dy.device)
     sh, sw = p.stride
@@ -196,7 +196,7 @@ def wgrad_split_k(p: Conv2dProblem, x: torch.Tensor, dy: torch.Tensor, splits: i
         raise ValueError(f"wgrad_split_k needs a wgrad problem with groups = 1; got op {p.op!r}, groups {p.groups}")
     if tuple(x.shape) != (p.N, p.C, p.H, p.W) or tuple(dy.shape) != (p.N, p.K, p.P, p.Q):
         raise ValueError(f"x {tuple(x.shape)} / dy {tuple(dy.shape)}: expected ({p.N}, {p.C}, {p.H}, {p.W}) / "
-                         f"({p.N}, {p.K}, {p.P}, {p.Q})")  # fmt: skip
+                         f"({p.N}, {p.K}, {p.P}, {p.Q})")
     a = F.unfold(x.float(), (p.R, p.S), dilation=p.dilation, padding=p.padding, stride=p.stride)  # (N, CRS, PQ)
     a = a.permute(0, 2, 1).reshape(p.N * p.P * p.Q, p.C * p.R * p.S)  # GEMM-K rows m = (n, p, q)
     b = dy.float().permute(1, 0, 2, 3).reshape(p.K, p.N * p.P * p.Q)  # (K, GEMM-K)

@@ -50,7 +50,7 @@ def parse_config(config: str) -> tuple[WgradTile, int]:
     m = re.fullmatch(r"(.+)_k(\d+)", config)
     if not m or m.group(1) not in tiles():
         raise ValueError(f"a {VARIANT} configuration looks like '128x64x32_w2x2_s4_k23' (a WGRAD_ENTRY tile); "
-                         f"got {config!r}")  # fmt: skip
+                         f"got {config!r}")
     return tiles()[m.group(1)], int(m.group(2))
 
 
@@ -86,7 +86,7 @@ def gemm_tile(p: Conv2dProblem, tile: WgradTile, splits: int) -> GemmTile:
     return GemmTile(m=g.m, n=g.n, k=g.k, bm=tile.bm, bn=tile.bn, bk=tile.bk, warp_m=wm, warp_n=wn,
                     threads=tile.threads, stages=tile.stages, shared_bytes=tile.shared_bytes, regs=regs,
                     steps=cdiv(cdiv(g.k, tile.bk), splits), splits=splits, dram_bytes=p.min_bytes,
-                    extra_bytes=partials)  # fmt: skip
+                    extra_bytes=partials)
 
 
 def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
@@ -115,7 +115,7 @@ def variations(config: str, p: Conv2dProblem) -> list[str]:
 
 
 SPACE = register_space(Space(VARIANT, candidates, variations, lambda cfg, p: variant_for(cfg),
-                             summary="WGRAD_ENTRY tiles x split factors (parallel split-K)"))  # fmt: skip
+                             summary="WGRAD_ENTRY tiles x split factors (parallel split-K)"))
 
 
 # ---- dgrad ------------------------------------------------------------------------------------------
@@ -161,4 +161,4 @@ def dgrad_variations(config: str, p: Conv2dProblem) -> list[str]:
 
 
 DGRAD_SPACE = register_space(Space("dgrad", dgrad_candidates, dgrad_variations, lambda cfg, p: dgrad_variant_for(cfg),
-                                   summary="DGRAD_ENTRY tiles x threadblock swizzle"))  # fmt: skip
+                                   summary="DGRAD_ENTRY tiles x threadblock swizzle"))

@@ -51,7 +51,7 @@ def _problem_of(x_shape, w_shape, stride, padding, dilation, dtype: str, op: str
     """The problem of one call, made once per layer (a training step asks for the same ones every step)."""
     (n, c, h, wd), (k, _, r, s) = x_shape, w_shape
     return Conv2dProblem(N=n, C=c, H=h, W=wd, K=k, R=r, S=s, stride=stride, padding=padding, dilation=dilation,
-                         dtype=dtype, layout="NHWC", op=op)  # fmt: skip
+                         dtype=dtype, layout="NHWC", op=op)
 
 
 def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -162,7 +162,7 @@ class Bottleneck(_OnKernels):
 
 
 def make_pair(c_img: int, c_in: int, mid: int, stride: int, dtype=torch.float16,
-              seed: int = 0) -> tuple[nn.Module, nn.Module]:  # fmt: skip
+              seed: int = 0) -> tuple[nn.Module, nn.Module]:
     """Two identical networks in channels_last ``dtype`` on the GPU, one on this series' kernels and
     one on torch's: a `Stem` (C_img -> C_in), two bottleneck blocks (the first with ``stride``,
     C_in -> 4 mid), a global average pool and a linear classifier of 10 classes.
@@ -172,7 +172,7 @@ def make_pair(c_img: int, c_in: int, mid: int, stride: int, dtype=torch.float16,
         torch.manual_seed(seed)
         net = nn.Sequential(Stem(c_img, c_in, ours), Bottleneck(c_in, mid, stride, ours),
                             Bottleneck(4 * mid, mid, 1, ours), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                            nn.Linear(4 * mid, 10))  # fmt: skip
+                            nn.Linear(4 * mid, 10))
         nets.append(net.to(device="cuda", dtype=dtype, memory_format=torch.channels_last))
     return nets[0], nets[1]
 

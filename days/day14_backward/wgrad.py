@@ -37,7 +37,7 @@ MODES = ("parallel", "serial")
 # the main loop (~200 TFLOP/s), and no slice under 8 steps.
 TARGET_BLOCKS = {"64x64x32_w2x2_s4": 528, "64x64x64_w2x2_s4": 264, "64x64x64_w2x2_s3": 264,
                  "128x64x32_w2x2_s4": 264, "128x128x32_w2x2_s4": 264, "128x128x32_w2x4_s4": 264,
-                 "128x128x64_w2x2_s3": 264}  # fmt: skip
+                 "128x128x64_w2x2_s3": 264}
 BIG_TILE_MIN_FLOPS = 10e9
 MAIN_LOOP_FLOPS = 200e12  # the main loop's rate, FLOP/s (measured: 150-190 TFLOP/s at one slice)
 PARTIAL_BYTES_PER_S = 3e12
@@ -136,7 +136,7 @@ def choose_splits(p: Conv2dProblem, tile: WgradTile) -> int:
 
 
 def choose_wgrad(p: Conv2dProblem, mode: str = "parallel", tile: WgradTile | str | None = None,
-                 splits: int | None = None) -> WgradConfig:  # fmt: skip
+                 splits: int | None = None) -> WgradConfig:
     """The configuration for ``p``: ``tile`` (a `WgradTile` or its name) and ``splits`` left None
     are chosen by `choose_tile` and `choose_splits`; a forced ``splits`` is capped at the steps of
     GEMM-K (`split_k_slices` makes no empty slice)."""
@@ -170,13 +170,13 @@ def wgrad_reason(p: Conv2dProblem, cfg: WgradConfig) -> str | None:
         return f"needs groups = 1; got {p.groups}"
     if p.C % 8 or p.K % 8:
         return (f"loads 16-byte chunks of 8 channels of x and of dy: needs C % 8 == 0 and K % 8 == 0; got C = {p.C}, "
-                f"K = {p.K} (pad the channels, or use cuDNN)")  # fmt: skip
+                f"K = {p.K} (pad the channels, or use cuDNN)")
     if cfg.mode not in MODES:
         return f"split-K mode {cfg.mode!r}: choose one of {', '.join(MODES)}"
     npq = p.N * p.P * p.Q
     if npq + 2 * cfg.tile.bk > INT32_MAX:
         return (f"GEMM-K = N*P*Q = {npq} pixels: with two BK steps past it, over 2^31 - 1, the range of the "
-                "kernel's 32-bit pixel index and FastDiv")  # fmt: skip
+                "kernel's 32-bit pixel index and FastDiv")
     if p.C * p.R * p.S + cfg.tile.bn > INT32_MAX:
         return f"GEMM-N = C*R*S = {p.C * p.R * p.S} does not fit the kernel's 32-bit column index"
     return None
@@ -196,16 +196,16 @@ def wgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgradConfig) -> li
     sizes = (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, *p.stride, *p.padding, *p.dilation)
     main = KernelLaunch("main", f"wgrad_{t.name}_{mode}_{p.dtype}", main_cfg,
                         (Buffer("x"), Buffer("dy"), Buffer("dw"), partial, sems, *map(i32, sizes),
-                         u32(pq_mul), u32(pq_shift), u32(q_mul), u32(q_shift)))  # fmt: skip
+                         u32(pq_mul), u32(pq_shift), u32(q_mul), u32(q_shift)))
     if mode == "direct":
         return [main]
     if mode == "parallel":
         blocks = min(REDUCE_BLOCKS, cdiv(kn // 2, REDUCE_THREADS))
         red = KernelLaunch("reduce", f"wgrad_reduce_{p.dtype}", LaunchConfig((blocks, 1, 1), (REDUCE_THREADS, 1, 1)),
-                           (Buffer("workspace"), Buffer("dw"), np.int64(kn), i32(cfg.splits)))  # fmt: skip
+                           (Buffer("workspace"), Buffer("dw"), np.int64(kn), i32(cfg.splits)))
         return [main, red]
     zero = KernelLaunch("zero", "wgrad_zero", LaunchConfig((cdiv(gx * gy, 256), 1, 1), (256, 1, 1)),
-                        (Buffer("workspace", 4 * kn), i32(gx * gy)))  # fmt: skip
+                        (Buffer("workspace", 4 * kn), i32(gx * gy)))
     return [zero, main]
 
 
@@ -224,11 +224,11 @@ def wgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgradConfig) -> np
 def wgrad_tensor_check(p: Conv2dProblem, tensors: dict, epilogue: Epilogue) -> str | None:
     """x and dy 16-byte aligned (cp.async), dw 16-byte aligned (paired and 4-element stores)."""
     return alignment_reason(tensors, {"x": VEC_BYTES, "dy": VEC_BYTES, "dw": VEC_BYTES},
-                            "the 16-byte cp.async copies and the paired stores")  # fmt: skip
+                            "the 16-byte cp.async copies and the paired stores")
 
 
 def make_wgrad(name: str = "wgrad", mode: str = "parallel", tile: WgradTile | str | None = None,
-               splits: int | None = None) -> Variant:  # fmt: skip
+               splits: int | None = None) -> Variant:
     """A wgrad variant (not registered) with ``mode`` and any of ``tile``, ``splits`` forced (None =
     the rule, `choose_wgrad`).
 
@@ -246,7 +246,7 @@ def make_wgrad(name: str = "wgrad", mode: str = "parallel", tile: WgradTile | st
         return choose_wgrad(p, mode, tile, splits)
 
     forced = ", ".join(f"{k}={v.name if isinstance(v, WgradTile) else v}" for k, v in
-                       (("tile", tile), ("splits", splits)) if v is not None)  # fmt: skip
+                       (("tile", tile), ("splits", splits)) if v is not None)
     return Variant(
         name=name,
         day=14,

@@ -93,7 +93,7 @@ IN_PLACE = {
                                                dilation=(2, 1)),
     "stride 3 > 2x2 filter": dict(N=2, C=64, H=11, W=13, K=24, R=2, S=2, stride=3, padding=1),
     "strided 1x1": dict(N=4, C=128, H=14, W=14, K=64, R=1, S=1, stride=2),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -176,14 +176,14 @@ def test_dropped_slice_is_caught():
     p = Conv2dProblem(N=4, C=16, H=12, W=12, K=16, R=3, S=3, padding=1, op="wgrad", **NHWC)
     short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
         dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
-        for k in v.launches_fn(q, ep)])  # fmt: skip
+        for k in v.launches_fn(q, ep)])
     x, dy = p.make_inputs(device="cuda", seed=4)
     assert within_bound(p, x, dy, run(v, p, x, dy))
     assert not within_bound(p, x, dy, run(short, p, x, dy))
 
 
 @pytest.mark.parametrize("edge, launch", [("odd H, W with stride 2", "phase_1_0"),
-                                          ("stride 3 > 1x1 filter (dx rows no tap reaches)", "zero")])  # fmt: skip
+                                          ("stride 3 > 1x1 filter (dx rows no tap reaches)", "zero")])
 def test_dropped_launch_is_caught(edge: str, launch: str):
     """A planted fault: one launch of a strided dgrad is not made (a phase's GEMM, or the zero
     launch of the pixels no tap reaches); its dx pixels stay NaN and the check must fail (and
@@ -244,7 +244,7 @@ def test_a_wrong_wgrad_in_training_is_caught():
     v = make_wgrad("w", "parallel", splits=4)
     short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
         dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
-        for k in v.launches_fn(q, ep)])  # fmt: skip
+        for k in v.launches_fn(q, ep)])
     x, labels = _batch()
     ours, ref = train.make_pair(16, 64, 32, 2)
     for m in ours.modules():

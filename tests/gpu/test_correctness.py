@@ -138,7 +138,7 @@ def test_covers_model_matches_kernel_with_a_capped_grid(v):
         pytest.skip(f"{v.name} claims no suitable problem")
     skip_if_device_refuses(v, p)
     capped = v.with_output_launch(lambda cfg: dataclasses.replace(cfg, grid=(cfg.grid[0], 1, min(cfg.grid[2], 2))),
-                                  name=f"{v.name}_capped")  # fmt: skip
+                                  name=f"{v.name}_capped")
     predicted_unwritten = np.asarray(capped.covers(p)) == 0
     x, w = p.make_inputs(device="cuda", seed=3)
     y = run(capped, p, x, w, poison=True)

@@ -185,7 +185,7 @@ EPILOGUE_CASES = [
     ("analytic-int", P_ANA, Epilogue(alpha=2.0, beta=-1.0), {"kind": "int"}),
     ("few-channels", P_FEW, Epilogue(alpha=1.0, beta=1.0, relu=True), {}),
     ("alpha-0", P_OPT, Epilogue(alpha=0.0, beta=1.0), {"kind": "int"}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("p, ep, kw", [pytest.param(p, ep, kw, id=n) for n, p, ep, kw in EPILOGUE_CASES])

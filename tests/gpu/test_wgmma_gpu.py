@@ -48,7 +48,7 @@ V = get("igemm_wgmma")
 DTYPES = ("fp16", "bf16")
 # every entry in row-major tile order, and one per schedule with tiles in groups of 3 m-tiles
 OPTIONS = [replace(next(c for c in ENTRIES if c.mode == m), group_m=3)
-           for m in dict.fromkeys(c.mode for c in ENTRIES)]  # fmt: skip
+           for m in dict.fromkeys(c.mode for c in ENTRIES)]
 FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in (*ENTRIES, *OPTIONS)}
 
 
@@ -144,7 +144,7 @@ EPILOGUE_CASES = [
     ("relu-only", P_EVEN, Epilogue(relu=True), {"with_cin": False, "with_bias": False}),
     ("alpha-only", P_EVEN, Epilogue(alpha=0.5), {"with_cin": False, "with_bias": False}),
     ("plain-cin-unread", P_EVEN, Epilogue(), {"with_bias": False}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name", list(FORCED))

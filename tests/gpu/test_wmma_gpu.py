@@ -78,7 +78,7 @@ def context():
 
 
 @pytest.mark.parametrize("p, kind", list(_cases(EDGE, "edge")) + list(_cases(EXTRA, "extra"))
-                         + list(_cases(RESNET, "resnet50")))  # fmt: skip
+                         + list(_cases(RESNET, "resnet50")))
 def test_check_passes(p: Conv2dProblem, kind: str):
     r = check(V, p, kind=kind)
     assert r.ok, f"igemm_wmma on {p.dtype} {p.name} ({kind}): {r.reason}"
