@@ -232,7 +232,8 @@ def overview_section(results_dir: Path = RESULTS) -> str:
     where = f"benchmarks/results/{csv.parent.name}"
     head = (f"![Each day's fastest kernel against cuDNN on one GPU, {gpu}]({rel})\n\n"
             f"×cuDNN is cuDNN's median time over the kernel's (> 1: faster than cuDNN), geometric mean, on an {gpu} "
-            f"([CSVs]({where}/{csv.name})): the `{OVERVIEW_SUITE}` suite is 6 small layers, each day in its own dtype "
+            f"([{OVERVIEW_SUITE} CSV]({where}/{csv.name}); the others in {RESULTS_MD.name}): the `{OVERVIEW_SUITE}` "
+            "suite is 6 small layers, each day in its own dtype "
             "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. The "
             "backward day and the tuner are measured on ResNet-50 too: [RESULTS.md](RESULTS.md) has every run.")
     return head + "\n\n" + "\n".join(lines)
