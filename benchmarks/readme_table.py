@@ -74,7 +74,8 @@ CURRICULUM = [
 
 # A few words per day, for the README's first table.
 SHORT = {
-    0: "setup, what conv2d computes, the harness", 1: "one thread per output pixel", 2: "one block z per filter",
+    0: "setup, what conv2d computes, the harness", 1: "one thread per output pixel",
+    2: "one block z per output channel",
     3: "the input tile in shared memory", 4: "tile plus halo", 5: "float, double or compensated sums",
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
@@ -154,7 +155,7 @@ def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] 
     """
     registered = registered_by_day() if registered is None else registered
     gpus, costs = day_gpu(), notebook_costs(results_dir)
-    lines = ["| day | notebook | idea | GPU | run (min) | peak GPU memory | 8 GB laptop | variants |",
+    lines = ["| day | notebook | idea | GPU | run (min) | peak GPU memory | fits an 8 GB laptop GPU | variants |",
              "|---|---|---|---|---:|---:|---|---|"]
     for day, idea, plan in CURRICULUM:
         nbs = sorted(nb_dir.glob(f"day_{day:02d}_*.ipynb"))
@@ -167,25 +168,30 @@ def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] 
         else:
             run, mem = f"{c['minutes']:.1f}", f"{c['peak_gpu_mib'] / 1024:.1f} GiB"
             fits = "yes" if c["peak_gpu_mib"] < LAPTOP_MIB and "only" not in gpus.get(day, "") else "no"
-        lines.append(f"| {day:02d} | {cell} | {idea} | {gpus.get(day, '—')} | {run} | {mem} | {fits} | {variants} |")
+        costs_s = f" {run} | {mem} | {fits} |" if costs else ""
+        lines.append(f"| {day:02d} | {cell} | {idea} | {gpus.get(day, '—')} |{costs_s} {variants} |")
+    if not costs:  # no notebook measured yet: no empty columns
+        lines[:2] = ["| day | notebook | idea | GPU | variants |", "|---|---|---|---|---|"]
     measured = sorted({c["gpu"] for c in costs.values()})
     note = (f"Run time and peak GPU memory: the notebook executed with `QUICK = True` on {', '.join(measured)} "
             "(`python -m benchmarks.notebooks`, which measures both); a laptop GPU takes longer."
-            if measured else "Run time and peak GPU memory are measured when the notebooks are next executed "
-            "(`python -m benchmarks.notebooks` records both); not yet.")
+            if measured else "GPU: the oldest GPU the day's kernels build for (sm_75: Turing, sm_80: Ampere, "
+            "sm_90a: Hopper only). Each notebook's run time and peak GPU memory join this table when the notebooks "
+            "are next executed (`python -m benchmarks.notebooks` measures both).")
     return "\n".join(lines) + "\n\n" + note
 
 
-def best_by_day(csv: Path) -> dict[int, tuple[str, float]]:
+def best_by_day(csv: Path) -> dict[int, tuple[str, float, int, int]]:
     """Per day, its fastest variant on a results CSV by geomean ×cuDNN over the problems it passed
-    and was timed on: {day: (variant, geomean)}."""
+    and was timed on: {day: (variant, geomean, problems it was timed on, problems in the suite)}."""
     df = pd.read_csv(csv)
+    total = df.problem.nunique()
     ok = df[(df.status != "baseline") & (df["ok"].map(_as_bool) == True) & df.x_cudnn.notna()]  # noqa: E712
-    out: dict[int, tuple[str, float]] = {}
+    out: dict[int, tuple[str, float, int, int]] = {}
     for (day, variant), d in ok.groupby(["day", "variant"]):
         gm = geomean(d.x_cudnn)
         if int(day) not in out or gm > out[int(day)][1]:
-            out[int(day)] = (str(variant), gm)
+            out[int(day)] = (str(variant), gm, len(d), total)
     return out
 
 
@@ -197,16 +203,16 @@ def overview_csv(results_dir: Path = RESULTS) -> Path | None:
     return max(csvs, key=lambda c: (len(best_by_day(c)), _first(pd.read_csv(c), "date")))
 
 
-def resnet50_by_day(gpu_dir: Path) -> dict[int, tuple[str, float]]:
+def resnet50_by_day(gpu_dir: Path) -> dict[int, tuple[str, float, int, int]]:
     """Per day, its fastest variant on the forward ResNet-50 runs of one GPU (``resnet50*.csv``,
     not dgrad / wgrad), as `best_by_day`."""
-    out: dict[int, tuple[str, float]] = {}
+    out: dict[int, tuple[str, float, int, int]] = {}
     for csv in sorted(gpu_dir.glob("resnet50*.csv")):
         if "grad" in csv.stem:
             continue
-        for day, (variant, gm) in best_by_day(csv).items():
-            if day not in out or gm > out[day][1]:
-                out[day] = (variant, gm)
+        for day, row in best_by_day(csv).items():
+            if day not in out or row[1] > out[day][1]:
+                out[day] = row
     return out
 
 
@@ -220,8 +226,8 @@ def overview_section(results_dir: Path = RESULTS) -> str:
     gpu = _first(pd.read_csv(csv), "gpu") if csv is not None else "?"
     lines = ["| day | idea | fastest variant | ×cuDNN, quick | ×cuDNN, ResNet-50 |", "|---|---|---|---:|---:|"]
     for day, _, _ in CURRICULUM:
-        variant, gm = best.get(day, ("—", math.nan))
-        gm_s = f"{gm:.2f}" if gm == gm else "—"
+        variant, gm, n, total = best.get(day, ("—", math.nan, 0, 0))
+        gm_s = "—" if gm != gm else f"{gm:.2f}" + ("" if n == total else f" ({n} of {total} layers)")
         r = resnet.get(day)
         r_s = "—" if r is None else f"{r[1]:.2f}" + ("" if r[0] == variant else f" (`{r[0]}`)")
         name = f"`{variant}`" if variant != "—" else variant
@@ -231,11 +237,14 @@ def overview_section(results_dir: Path = RESULTS) -> str:
     rel = OVERVIEW_PNG.relative_to(ROOT).as_posix()
     where = f"benchmarks/results/{csv.parent.name}"
     head = (f"![Each day's fastest kernel against cuDNN on one GPU, {gpu}]({rel})\n\n"
+            "1.0 is as fast as cuDNN, 0.5 twice as slow. The baseline is cuDNN in each day's own dtype and layout, "
+            "so it changes at day 08 (fp32 NHWC) and day 10 (fp16 tensor cores).\n\n"
             f"×cuDNN is cuDNN's median time over the kernel's (> 1: faster than cuDNN), geometric mean, on an {gpu} "
             f"([{OVERVIEW_SUITE} CSV]({where}/{csv.name}); the others in {RESULTS_MD.name}): the `{OVERVIEW_SUITE}` "
             "suite is 6 small layers, each day in its own dtype "
-            "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. The "
-            "backward day and the tuner are measured on ResNet-50 too: [RESULTS.md](RESULTS.md) has every run.")
+            "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. Days 14 "
+            "(backward) and 15 (the tuner) were measured on ResNet-50 on another GPU: "
+            "[RESULTS.md](RESULTS.md) has every run.")
     return head + "\n\n" + "\n".join(lines)
 
 
@@ -262,12 +271,17 @@ def draw_overview(path: Path = OVERVIEW_PNG, results_dir: Path = RESULTS) -> Pat
         for b, y in zip(bars, ys):
             ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(days)), [f"{d:02d}" for d in days])
+    for first, label in ((1, "fp32 NCHW"), (8, "fp32 NHWC"), (10, "fp16 NHWC, tensor cores")):  # the baselines
+        if first in days:
+            x = days.index(first) - 0.5
+            ax.axvline(x, color="#999999", lw=0.8, ls=":")
+            ax.text(x + 0.08, 1.13, label, fontsize=8, color="#555555", va="bottom")
     ax.axhline(1.0, color="#c44e52", lw=1.2)
     ax.text(-0.6, 1.03, "cuDNN = 1", color="#c44e52", ha="left", va="bottom", fontsize=10)
-    ax.set_ylim(0, max(1.2, *(v[1] * 1.1 for v in (*best.values(), *resnet.values()))))
+    ax.set_ylim(0, max(1.25, *(v[1] * 1.1 for v in (*best.values(), *resnet.values()))))
     ax.set_xlabel("day")
     ax.set_ylabel("× cuDNN (higher is faster)")
-    ax.legend(loc="upper center", ncols=2, frameon=False, fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.12, 0.76), ncols=2, frameon=False, fontsize=9)
     ax.set_title(f"Each day's fastest kernel against cuDNN, {_first(pd.read_csv(csv), 'gpu')}", fontsize=11)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

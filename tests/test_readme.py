@@ -144,12 +144,12 @@ def test_render_readme_replaces_only_between_markers(tmp_path: Path):
     (tmp_path / "nb").mkdir()
     (tmp_path / "nb" / "day_01_naive.ipynb").write_text("{}")
     text = (
-        "intro\n<!-- overview:start -->\nold\n<!-- overview:end -->\n"
-        "mid\n<!-- curriculum:start -->\nold\n<!-- curriculum:end -->\nend\n"
+        "intro\n<!-- overview:start -->\nSTALE\n<!-- overview:end -->\n"
+        "mid\n<!-- curriculum:start -->\nSTALE\n<!-- curriculum:end -->\nend\n"
     )
     new = rt.render_readme(text, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb")
     assert new.startswith("intro\n<!-- overview:start -->\n![") and new.endswith("<!-- curriculum:end -->\nend\n")
-    assert "\nmid\n<!-- curriculum:start -->\n| day |" in new and "old" not in new
+    assert "\nmid\n<!-- curriculum:start -->\n| day |" in new and "STALE" not in new
     assert "| 01 | [day_01_naive](notebooks/day_01_naive.ipynb) |" in new
     assert "| 02 | planned |" in new
     assert rt.render_readme(new, results_dir=tmp_path / "results", nb_dir=tmp_path / "nb") == new
@@ -162,8 +162,8 @@ def test_overview_takes_each_days_fastest_variant_of_one_run(tmp_path: Path):
     _fake_results(tmp_path)
     assert rt.overview_csv(tmp_path) == tmp_path / "nvidia-h200" / "quick.csv"
     out = rt.overview_section(tmp_path)
-    assert "| 02 | one block z per filter | `z_out` | 4.00 | — |" in out  # geomean(2, 8)
-    assert "| 01 | one thread per output pixel | `naive` | 0.50 | — |" in out
+    assert "| 02 | one block z per output channel | `z_out` | 4.00 (2 of 3 layers) | — |" in out  # geomean(2, 8)
+    assert "| 01 | one thread per output pixel | `naive` | 0.50 (2 of 3 layers) | — |" in out
     assert "| 16 | Hopper: wgmma and TMA | — | — | — |" in out
     assert "NVIDIA H200" in out and "(benchmarks/results/overview.png)" in out
     assert rt.draw_overview(tmp_path / "o.png", tmp_path).stat().st_size > 10_000
