@@ -328,6 +328,7 @@ class TuneCache:
         self.path = Path(path) if path is not None else default_cache_path()
         self._env = environment
         self._prefixes: dict = {}  # (variant name, source hash) -> the key's first six fields
+        self._checked: set = set()  # (key, configuration) stored here after `check_winner` passed it
         self.entries: dict = self._read(warn=True)
 
     def _read(self, warn: bool) -> dict:
@@ -377,13 +378,18 @@ class TuneCache:
                                                       part[1][:16], variant.name])
         return f"{prefix}|{problem_key(p)}"
 
+    def checked(self, variant: Variant, p: Conv2dProblem, config: str) -> bool:
+        """Whether this object stored ``config`` for (variant, problem) after `check_winner` passed it."""
+        return (self.key(variant, p), config) in self._checked
+
     def lookup(self, variant: Variant, p: Conv2dProblem) -> dict | None:
         """The entry for (variant, problem) in this environment and source, or None."""
         return self.entries.get(self.key(variant, p))
 
-    def store(self, variant: Variant, p: Conv2dProblem, entry: dict) -> None:
+    def store(self, variant: Variant, p: Conv2dProblem, entry: dict, checked: bool = False) -> None:
         """Add ``entry`` for (variant, problem) to the file, merged with what other processes
-        stored since (under the lock), and take their entries in too.
+        stored since (under the lock), and take their entries in too; ``checked``: its
+        configuration passed `check_winner` (`checked` answers so in this process).
 
         Raises:
             ValueError: ``entry`` is not a `valid_entry`.
@@ -404,6 +410,8 @@ class TuneCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         self.entries = merged
+        if checked:
+            self._checked.add((key, entry["config"]))
 
 
 # ---- tuning -------------------------------------------------------------------------------------
@@ -622,7 +630,8 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
         "status": status,
     }
     if cache is not None:
-        cache.store(base, p, {k: row[k] for k in CACHED} | {"tune_s": row["tune_s"], "date": time.strftime("%Y-%m-%d")})
+        entry = {k: row[k] for k in CACHED} | {"tune_s": row["tune_s"], "date": time.strftime("%Y-%m-%d")}
+        cache.store(base, p, entry, checked=True)
     return row
 
 
@@ -799,41 +808,43 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
     that fails the check, that the space cannot build (an unknown configuration name) or that the
     variant refuses runs the rule instead, with one `TuneCacheWarning` naming the cache file; a
     check that raises (e.g. out of memory) is not remembered: the rule runs for that call and the
-    next call checks again."""
+    next call checks again. A choice this process's tuner stored is not checked again
+    (`TuneCache.checked`: `measure` passed it through `check_winner` before storing it)."""
     space = space_of(variant)
     base = get(space.variant)
     cache = cache or TuneCache()
     verdicts: dict = {}  # (problem, configuration) -> the variant that runs it, once decided
 
-    def pick(p: Conv2dProblem) -> Variant:
+    def pick(p: Conv2dProblem, verify: bool = False) -> Variant:
+        """The variant that runs ``p``; with ``verify`` (`prepare`'s tensor checks, a GPU present)
+        a cached choice not yet decided is checked first."""
         hit = cache.lookup(base, p)
         if not hit:
             return base
-        key = (p, hit["config"])
-        if key not in verdicts:
-            v, reason = _cached_variant(space, p, hit["config"])
-            if reason is None:
-                return v  # not checked yet (`tensor_check` does, once with a GPU)
-            verdicts[key] = _refuse(base, p, hit["config"], reason, cache.path)
+        key, config = (p, hit["config"]), hit["config"]
+        if key in verdicts:
+            return verdicts[key]
+        v, reason = _cached_variant(space, p, config)
+        if reason is not None:
+            verdicts[key] = _refuse(base, p, config, reason, cache.path)
+        elif cache.checked(base, p, config):  # this process's own tuner checked it before caching it
+            verdicts[key] = v
+        elif verify and gpu.has_gpu():
+            from .check import check
+
+            try:
+                r = check(v, p)
+            except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
+                _warn(f"tune cache {cache.path}: checking the choice {config!r} of {base.name} for {p.name} "
+                      f"raised {type(e).__name__}: {e}; the rule's runs for this call")
+                return base
+            verdicts[key] = v if r.ok else _refuse(base, p, config, f"failed the check ({r.reason})", cache.path)
+        else:
+            return v  # not checked yet: `prepare`'s tensor checks do, once, with a GPU
         return verdicts[key]
 
     def tensor_check(p: Conv2dProblem, tensors: dict, ep) -> str | None:
-        hit = cache.lookup(base, p)
-        key = (p, hit["config"]) if hit else None
-        if key is not None and key not in verdicts and gpu.has_gpu():
-            v = pick(p)
-            if key not in verdicts:  # buildable and supported: its check decides
-                from .check import check
-
-                try:
-                    r = check(v, p)
-                except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
-                    _warn(f"tune cache {cache.path}: checking the choice {hit['config']!r} of {base.name} for "
-                          f"{p.name} raised {type(e).__name__}: {e}; the rule's runs for this call")
-                    return _rule_tensor_check(base, p, tensors, ep)
-                verdicts[key] = v if r.ok else _refuse(base, p, hit["config"], f"failed the check ({r.reason})",
-                                                       cache.path)
-        v = pick(p)
+        v = pick(p, verify=True)
         return v.tensor_check_fn(p, tensors, ep) if v.tensor_check_fn else None
 
     return dataclasses.replace(
@@ -846,10 +857,6 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
         workspace_fn=lambda p: pick(p).workspace_bytes(p),
         tensor_check_fn=tensor_check,
     )
-
-
-def _rule_tensor_check(base: Variant, p: Conv2dProblem, tensors: dict, ep) -> str | None:
-    return base.tensor_check_fn(p, tensors, ep) if base.tensor_check_fn else None
 
 
 def _cached_variant(space: Space, p: Conv2dProblem, config: str) -> tuple[Variant | None, str | None]:

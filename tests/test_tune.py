@@ -670,3 +670,26 @@ def test_keep_below_one_is_refused(keep, capsys):
     assert parse_args(["--keep", "1"]).keep == 1 and parse_args([]).keep is None
     with pytest.raises(ValueError, match="at least 1"):
         ht.prune(space.candidates(P1, ht.H200), 0)
+
+
+def test_a_choice_this_process_tuned_is_not_checked_again(monkeypatch, tmp_path):
+    """`measure` passes its winner through `check_winner` before storing it: the tuned variant
+    reading the same cache object trusts that choice without a second `helpers.check.check`; a
+    fresh cache object (another process) checks it once."""
+    import importlib
+
+    hk = importlib.import_module("helpers.check")
+    sp, names = toy_space()
+    FakeGPU(monkeypatch, {names[1]: 0.5})
+    monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
+    cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    row = ht.tune_problem(sp, P1, cache, keep=6)
+    checked = []
+    monkeypatch.setattr(hk, "check", lambda v, p: checked.append(v.name) or SimpleNamespace(ok=True, reason=""))
+    monkeypatch.setattr(gpu, "has_gpu", lambda: True)
+    x, w = P1.make_inputs()
+    tensors = {"x": x, "w": w, "y": None, "cin": None, "bias": None}
+    ht.tuned("igemm_production", cache).tensor_check_fn(P1, tensors, PLAIN)
+    assert cache.checked(get("igemm_production"), P1, row["config"]) and checked == []
+    ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV)).tensor_check_fn(P1, tensors, PLAIN)
+    assert len(checked) == 1 and row["config"] in checked[0]
