@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     os.environ[QUICK_ENV] = "0" if args.full else "1"
-    failed, measured = [], []
+    failed = []
     for path in paths:
         t0 = time.perf_counter()
         print(f"running {path.name} ...", flush=True)
@@ -191,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         strip_volatile(nb)
         save(nb, path)
         mib = None if peak is None else round(peak / 2**20)
-        measured.append({"notebook": path.stem, "day": int(path.stem.split("_")[1]), "seconds": round(dt, 1),
-                         "peak_gpu_mib": mib, "quick": not args.full})
+        row = {"notebook": path.stem, "day": int(path.stem.split("_")[1]), "seconds": round(dt, 1),
+               "peak_gpu_mib": mib, "quick": not args.full}
         print(f"ok      {path.name} ({dt:.0f} s, peak GPU memory {mib} MiB), outputs saved", flush=True)
-    if measured and args.record:
-        print(f"recorded run time and peak GPU memory in {record(measured, args.results)}")
+        if args.record:  # one notebook at a time: a run stopped part-way keeps what it measured
+            print(f"recorded its run time and peak GPU memory in {record([row], args.results)}", flush=True)
     if failed:
         print(f"\n{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

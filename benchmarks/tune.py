@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from helpers import gpu, tune
     from helpers.suites import suite
+    from helpers.variants import get
 
     try:
         spaces = [tune.space_of(v) for v in args.variants] if args.variants else None
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             df = df.drop(columns="sweep")
         df.to_csv(stem.with_suffix(".csv"), index=False)  # the tuning, before cuDNN's columns: kept if they fail
         if not args.no_cudnn:
-            base = tune.get(space.variant)
+            base = get(space.variant)
             extra = []
             for p, st in zip(problems, df.status):
                 try:

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from helpers import gpu
+from helpers.launch import bind, compile_launches, prepare
 from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, MAX_GRID, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
@@ -66,7 +68,7 @@ def blowup(p: Conv2dProblem) -> float:
 
 
 def col_view(p: Conv2dProblem, workspace: torch.Tensor) -> torch.Tensor:
-    """The workspace bytes (`helpers.variants.Plan.workspace`) as the (M, R·S·C) fp32 matrix."""
+    """The workspace bytes (`helpers.launch.Prepared.workspace`) as the (M, R·S·C) fp32 matrix."""
     return workspace.view(torch.float32).view(*lowered_shape(p))
 
 
@@ -237,10 +239,8 @@ def lower(p: Conv2dProblem, x: torch.Tensor) -> torch.Tensor:
     """Run only ``im2col_nhwc`` on x (N, H, W, C; CUDA) and return the (M, R·S·C) lowered matrix.
 
     Raises:
-        see `helpers.variants.prepare` (an unsupported problem, bad tensors, no GPU).
+        see `helpers.launch.prepare` (an unsupported problem, bad tensors, no GPU).
     """
-    from helpers.variants import prepare
-
     w = torch.zeros(p.w_shape, dtype=p.torch_dtype, device=x.device)  # unused by the im2col step
     plan, _ = prepare("im2col", p, x, w)
     plan.kernels["im2col"]()
@@ -278,9 +278,6 @@ def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
     for nm, t in named:
         if t.device.type != "cuda" or t.device != a.device:
             raise ValueError(f"{nm} is on {t.device}; a, b and out must be on one CUDA device")
-    from helpers import gpu
-    from helpers.variants import bind, compile_launches
-
     gpu.init()
     if torch.cuda.current_stream(a.device).cuda_stream != 0:
         raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")

@@ -118,7 +118,7 @@ def tile_covers(p: Conv2dProblem, cfg: LaunchConfig, tile: Tile) -> np.ndarray:
 
 def igemm_pointer_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
     """The vector entries' alignment: x and w 16-byte aligned when C % 4 == 0, y (if given) when
-    K % 4 == 0. Returns None or the reason (`helpers.variants.prepare` raises it as ValueError)."""
+    K % 4 == 0. Returns None or the reason (`helpers.launch.prepare` raises it as ValueError)."""
     need = {"x": VEC_BYTES, "w": VEC_BYTES} if vec_path(p) else {}
     if chunks16(p.K, p):
         need["y"] = VEC_BYTES

@@ -86,7 +86,7 @@ def wmma_covers(p: Conv2dProblem, cfg: LaunchConfig) -> np.ndarray:
 
 
 def wmma_tensor_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
-    """What the tensors themselves must satisfy; None, or the reason (`helpers.variants.prepare`
+    """What the tensors themselves must satisfy; None, or the reason (`helpers.launch.prepare`
     raises it as ValueError before any launch).
 
     * the ``vec`` entries (C % 8 == 0) read x and w in 16-byte chunks: both 16-byte aligned;

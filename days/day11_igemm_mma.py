@@ -57,7 +57,7 @@ def mma_supports(p: Conv2dProblem) -> str | None:
 def tensor_core_check(p: Conv2dProblem, tensors: dict, epilogue=None) -> str | None:
     """What the kernel needs of the tensors: x and w 16-byte aligned on the vec path (C % 8 == 0),
     y 4-byte aligned where K is even (the kernel stores pairs of outputs then, single ones for odd
-    K). Returns None or the reason (`helpers.variants.prepare` raises it as ValueError)."""
+    K). Returns None or the reason (`helpers.launch.prepare` raises it as ValueError)."""
     need = {"x": VEC_BYTES, "w": VEC_BYTES} if vec_path(p) else {}
     if p.K % 2 == 0:
         need["y"] = 4

@@ -276,7 +276,7 @@ def group_rows(p: Conv2dProblem) -> int:
 
 def _properties():
     """torch's properties of the kernels' device (`helpers.gpu.context_device`), or None without a
-    GPU. Read through torch, not pycuda: `supports` runs before `helpers.variants.prepare`'s tensor
+    GPU. Read through torch, not pycuda: `supports` runs before `helpers.launch.prepare`'s tensor
     checks and must not initialise pycuda's context (`helpers.variants._make_static`)."""
     if not gpu.has_gpu():
         return None
@@ -438,24 +438,22 @@ def make_wgmma(name: str = "igemm_wgmma", config: WgmmaConfig | str | None = Non
     if config is not None and config.group_m < 1:
         raise ValueError(f"{config.name}: group_m must be at least 1")
 
-    def pick(p: Conv2dProblem) -> WgmmaConfig:
-        return config if config is not None else choose(p)
-
     return Variant(
         name=name,
         day=16,
         cu_file=CU_FILE,
         summary="Hopper: TMA (im2col + tiled) loads, wgmma from shared memory, mbarrier ring, "
         "producer/consumer warpgroups, persistent tiles, fused epilogue" + (f" ({config.name})" if config else ""),
-        supports_fn=lambda p: problem_reason(p, pick(p)),
-        launches_fn=lambda p, ep: wgmma_launches(p, ep, pick(p)),
-        covers_fn=lambda p, launch: covers(p, launch, pick(p)),
+        config_fn=choose if config is None else lambda p: config,
+        supports_fn=problem_reason,
+        launches_fn=wgmma_launches,
+        covers_fn=covers,
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
         accum="fp32",
         operands=("cin", "bias"),
         fused_epilogue=True,
-        tensor_check_fn=tensor_check,
+        tensor_check_fn=lambda p, tensors, ep, cfg: tensor_check(p, tensors, ep),
         min_cc=HOPPER_CC,
         min_cc_why="wgmma, setmaxnreg and the bulk tensor copy in im2col mode",
         arch_suffix="a",
@@ -483,7 +481,7 @@ def capped(config: WgmmaConfig | str, units: int, name: str = "igemm_wgmma") -> 
     blocks = units * (CLUSTER if cfg.mode in CLUSTER_MODES else 1)
     v = make_wgmma(f"{name}[{cfg.name}]", cfg)
     ring = lambda p: ring_reason(p, cfg, min(blocks, grid_blocks(p, cfg)))  # noqa: E731 - the capped grid's
-    v = replace(v, supports_fn=lambda p: problem_reason(p, cfg) or ring(p))
+    v = replace(v, supports_fn=lambda p, c: problem_reason(p, c) or ring(p))
     return v.with_output_launch(lambda launch: replace(launch, grid=(min(launch.grid[0], blocks), 1, 1)),
                                 name=f"{v.name}_grid{blocks}")
 

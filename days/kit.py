@@ -62,7 +62,7 @@ def pack(p: Conv2dProblem, names: str, **values) -> tuple:
     """A kernel's arguments in order, from a space-separated list of names.
 
     A tensor name (`TENSORS`) becomes ``Buffer(name)``, resolved to a pointer by
-    `helpers.variants.prepare`; a problem scalar (`PROBLEM_SCALARS`: N, C, H, W, K, R, S, P, Q,
+    `helpers.launch.prepare`; a problem scalar (`PROBLEM_SCALARS`: N, C, H, W, K, R, S, P, Q,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups: the names of
     `helpers.problem.Conv2dProblem.as_dict`) becomes ``np.int32``; any other name must be given in
     ``values``, already as the numpy scalar the kernel takes (``np.int32``, ``np.float32``).

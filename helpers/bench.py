@@ -18,8 +18,14 @@ from collections.abc import Callable, Iterable
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from . import gpu
+from .check import check as run_check
+from .launch import prepare
 from .problem import Conv2dProblem
+from .timing import time_gpu
+from .variants import get
 
 COLUMNS = [
     "variant", "day", "problem", "ok", "status", "ms_p50", "ms_p20", "ms_p80", "reps",
@@ -65,7 +71,7 @@ def cudnn_launcher(problem: Conv2dProblem, a: torch.Tensor, b: torch.Tensor):
 
     The closure returns y (fprop), dx (dgrad) or dw (wgrad) as a logical NCHW/KCRS tensor
     (channels_last-strided for NHWC problems: `Conv2dProblem.from_logical` of it is the kernel's
-    layout, values as `helpers.check.reference`):
+    layout, values as `helpers.reference.reference`):
 
     * fprop: ``torch.nn.functional.conv2d(x, w, ...)``;
     * dgrad: ``torch.ops.aten.convolution_backward(dy, x, w, None, stride, padding, dilation,
@@ -151,8 +157,6 @@ class _SuiteProblem:
 
     def baseline(self, p: Conv2dProblem) -> float:
         """cuDNN's median ms on ``p`` (NaN without cuDNN or on its error), timed once, a row each."""
-        from .timing import time_gpu
-
         if p in self._ms:
             return self._ms[p]
         self._ms[p] = math.nan
@@ -213,12 +217,7 @@ def bench(
         TFLOP/s), ``gbps`` (minimum bytes / median time, GB/s), ``x_cudnn``, and the check's error
         measures.
     """
-    from tqdm.auto import tqdm
-
-    from .gpu import device_info
-    from .variants import get
-
-    info = device_info()
+    info = gpu.device_info()
     vs = [get(v) for v in variants]
     problems = list(problems)
     rows: list[dict] = []
@@ -263,12 +262,10 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def _bench_one(v, p: Conv2dProblem, runs: _SuiteProblem, info, check: bool, kinds: tuple, timing_kw: dict) -> dict:
-    """The row of one (variant, problem): unsupported, failed checks, or checked and timed."""
-    from .check import check as run_check
-    from .timing import time_gpu
-    from .variants import prepare
-
-    reason = v.supports(p, smem_limit=info.smem_per_block_optin, cc=info.cc)
+    """The row of one (variant, problem): unsupported, failed checks, or checked and timed; the
+    variant's plan for ``p`` is made once and run by each of them."""
+    plan = v.plan(p)
+    reason = plan.refusal(smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:
         return _row(p, v.name, v.day, status=f"unsupported: {reason}")
     errs = {}
@@ -277,7 +274,7 @@ def _bench_one(v, p: Conv2dProblem, runs: _SuiteProblem, info, check: bool, kind
         if not usable:
             why = "; ".join(f"{k}: {p.supports_kind(k)}" for k in kinds)
             return _row(p, v.name, v.day, status=f"skipped: no input kind of {kinds} applies ({why})")
-        results = [run_check(v, p, kind=k) for k in usable]
+        results = [run_check(plan, kind=k) for k in usable]
         bad = [r for r in results if not r.ok]
         normal = next((r for r in results if r.kind == "normal"), results[0])
         exact = next((r.exact for r in results if r.kind == "int"), None)
@@ -285,20 +282,20 @@ def _bench_one(v, p: Conv2dProblem, runs: _SuiteProblem, info, check: bool, kind
         if bad:
             status = "; ".join(f"FAIL {r.kind}: {r.reason}" for r in bad)
             return _row(p, v.name, v.day, ok=False, status=status, **errs)
-    launch, _ = prepare(v, p, *runs.inputs(p))
-    t = time_gpu(launch, **timing_kw)
+    prepared, _ = prepare(plan, *runs.inputs(p))
+    t = time_gpu(prepared, **timing_kw)
     return _row(p, v.name, v.day, ok=True if check else None, status="ok" if check else "unchecked",
                 ms_p50=t.ms_p50, ms_p20=t.ms_p20, ms_p80=t.ms_p80, reps=t.reps,
                 x_cudnn=runs.baseline(p) / t.ms_p50, **_rates(p, t.ms_p50), **errs)
 
 
-REFERENCE_BAND_BYTES = 6 * 2**26 * 8  # `helpers.check.compare`'s float64 bands: reference, |x|·|w| scale, errors
+REFERENCE_BAND_BYTES = 6 * 2**26 * 8  # `helpers.reference.compare`'s float64 bands: reference, |x|·|w| scale, errors
 
 
 def memory_needed(p: Conv2dProblem) -> int:
     """Bytes of device memory `bench` needs at once for ``p``, an estimate: the timed inputs and
     the check's own (2 × the op's two inputs), the check's two outputs and the timed one (3 × the
-    op's output), and the float64 reference bands of `helpers.check.compare` (`REFERENCE_BAND_BYTES`)."""
+    op's output), and the float64 reference bands of `helpers.reference.compare` (`REFERENCE_BAND_BYTES`)."""
     numel = {nm: math.prod(p.tensor_shape(nm)) for nm in (*p.inputs, p.output)}
     inputs = sum(numel[nm] for nm in p.inputs)
     return (2 * inputs + 3 * numel[p.output]) * p.itemsize + REFERENCE_BAND_BYTES

@@ -19,6 +19,7 @@ so C++ headers (``cuda_fp16.h``, ``mma.h``) work and the entry names are unmangl
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -26,8 +27,12 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import gpu
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels" / "conv2d"
 NVCC_OPTIONS = ["-lineinfo", "-std=c++17"]
@@ -104,8 +109,6 @@ def load_kernel(
         pycuda.driver.CompileError: nvcc failed (its log is in the message).
         ValueError: ``dynamic_smem`` over what the device allows.
     """
-    from . import gpu
-
     gpu.init()
     import pycuda.driver as drv
 
@@ -168,11 +171,6 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     Raises:
         NoGPUError: no GPU or no pycuda (the modules are loaded into the device's context).
     """
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from . import gpu
-
     gpu.init()
     import pycuda.driver as drv
     from pycuda.compiler import compile as nvcc_cubin
@@ -217,8 +215,6 @@ def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
         RuntimeError: the driver failed to load the cubin, find ``entry``, or answer for parameter
             i < ``count`` (the kernel takes fewer parameters than the launch passes).
     """
-    import ctypes
-
     lib = ctypes.CDLL("libcuda.so.1")
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
     rc = lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin))

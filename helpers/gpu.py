@@ -39,7 +39,7 @@ def init(device: int | None = None):
     """Make the device's primary context current for pycuda (and ``device`` torch's current
     device); return it. Idempotent: ``device`` None is the context's device once there is one,
     else device 0. Every kernel of the series runs in this one context, so every tensor passed to
-    one must be on its device (`context_device`; `helpers.variants.check_tensors`).
+    one must be on its device (`context_device`; `helpers.launch.check_tensors`).
 
     Raises:
         NoGPUError: no CUDA device, or pycuda is not installed / cannot load libcuda.

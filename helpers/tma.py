@@ -198,7 +198,7 @@ copy issued on it would fault."""
 class TensorMap:
     """A tensor-map argument of a `helpers.variants.KernelLaunch`: the map ``desc`` of the tensor
     named ``name`` (as a `helpers.variants.Buffer` names it), encoded with that tensor's address
-    when the launch is bound (`helpers.variants.bind`)."""
+    when the launch is bound (`helpers.launch.bind`)."""
 
     name: str
     desc: TiledMap | Im2colMap

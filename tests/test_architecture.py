@@ -3,6 +3,8 @@
 * imports, parsed from every module's source: no core module (``helpers/``) imports the days
   package; a day imports the core, the kit and earlier days only, and no other day's private
   (underscore) name; the core loads the days only through `helpers.variants.DAYS_PACKAGE`;
+* the core's own imports: every one at module level (pycuda and the standard library may load
+  lazily), and no circle among its modules;
 * no helper is defined twice across the day modules (same body under any name), and no day
   redefines a kit name;
 * the kit's argument packing and launch helpers, the build targets of a variant, and `bind`
@@ -25,11 +27,12 @@ import torch
 import days
 from days import kit
 from helpers.epilogue import PLAIN, Epilogue
+from helpers.launch import bind
 from helpers.problem import Conv2dProblem
-from helpers.variants import DAYS_PACKAGE, Buffer, KernelLaunch, LaunchConfig, Variant, bind, get
+from helpers.variants import DAYS_PACKAGE, Buffer, KernelLaunch, LaunchConfig, Variant, get
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = sorted((ROOT / "helpers").glob("*.py"))
+CORE = sorted((ROOT / "helpers").rglob("*.py"))
 DAY_FILES = sorted(p for p in (ROOT / "days").rglob("*.py") if p.name != "__init__.py" or p.parent.name != "days")
 
 
@@ -182,6 +185,74 @@ def test_days_import_the_core_the_kit_and_earlier_days_publicly():
     assert DAY_FILES, "no day modules found"
     bad = [v for p in DAY_FILES for v in day_violations(p)]
     assert not bad, bad
+
+
+def core_graph(sources: dict[Path, str] | None = None) -> tuple[dict[str, set[str]], list[str]]:
+    """The core's import graph from source: ({module: the core modules it imports at module level},
+    ["<module>: <import>" for each import of a core module made inside a function]). ``sources``
+    replaces files' text (for the planted cases). The package ``helpers`` itself (its re-exports)
+    is not a node; ``helpers.tune`` is, so a tune module importing its own package is a circle."""
+    sources = sources or {}
+    graph, late = {}, []
+    for path in CORE:
+        me = module_name(path)
+        text = sources.get(path, path.read_text())
+        deps = set()
+        tree = ast.parse(text)
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            mods = [m for m, _ in imports(path, ast.unparse(node))[0] if m.startswith("helpers.")]
+            if not mods:
+                continue
+            if id(node) not in top:
+                late.append(f"{me}: {ast.unparse(node)}")
+            deps |= set(mods)
+        if me != "helpers":
+            graph[me] = deps - {me}
+    return graph, late
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph`` found by a depth-first walk, each as the modules in order."""
+    found, state = [], {}
+
+    def walk(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == "open":
+                found.append(path[path.index(d):] + [d])
+            elif d not in state:
+                walk(d, path + [d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            walk(m, [m])
+    return found
+
+
+def test_the_core_imports_at_the_top_without_a_circle():
+    graph, late = core_graph()
+    assert not late, late
+    assert not circles(graph), circles(graph)
+    # the layers: the record knows nothing of launching, checking or timing; the reference runs nothing
+    assert graph["helpers.variants"] <= {"helpers.gpu", "helpers.epilogue", "helpers.problem"}, graph
+
+    assert graph["helpers.reference"] <= {"helpers.epilogue", "helpers.problem"}, graph["helpers.reference"]
+    assert "helpers.check" not in graph["helpers.launch"] and "helpers.bench" not in graph["helpers.check"]
+
+
+@pytest.mark.parametrize("plant, kind", [
+    ("from .check import check\n", "circle"),  # launch -> check -> launch
+    ("def f():\n    from .check import check\n", "late"),
+    ("import helpers.bench\n", "circle"),
+])
+def test_the_import_graph_check_catches_a_planted_circle_or_late_import(plant, kind):
+    path = ROOT / "helpers" / "launch.py"
+    graph, late = core_graph({path: path.read_text() + plant})
+    assert (circles(graph) if kind == "circle" else late), plant
 
 
 CORE_PLANTS = [

@@ -1,6 +1,6 @@
 """Day 14's mappings on the CPU: dgrad's filter-phase split and wgrad's split-K (`days.day14_backward`).
 
-* `dgrad_by_phases` equals the harness's float64 reference (`helpers.check.reference`, which is
+* `dgrad_by_phases` equals the harness's float64 reference (`helpers.reference.reference`, which is
   ``torch.ops.aten.convolution_backward``) on random problems with strides (1, 1) to (3, 2), both
   dilations (1, 2) and (2, 1), padding up to the dilated filter, odd and even sizes, N > 1 and
   C in {1, 3, odd}; exactly on integer inputs;
@@ -22,7 +22,7 @@
   stores and the ldmatrix.trans reads, whose fragments are the mma.sync B layout;
 * split-K: the slices are whole BK steps, none empty, covering GEMM-K once; dw from fp32 partials
   summed in slice order equals the reference bit for bit on integer inputs and stays inside the
-  fp32 bound (`helpers.check.compare`) for 1 to 64 slices; a dropped slice is caught.
+  fp32 bound (`helpers.reference.compare`) for 1 to 64 slices; a dropped slice is caught.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import pytest
 import torch
 
 from days import day14_backward as d14
-from helpers.check import compare, reference
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
-from helpers.variants import Buffer, prepare
+from helpers.reference import compare, reference
+from helpers.variants import Buffer
 
 
 def dgrad(**kw) -> Conv2dProblem:
@@ -490,9 +491,9 @@ def test_w_alignment_where_it_is_read_in_16_bytes(p, vector_w):
         assert not d14.dgrad.in_place(p) and any(k.name == "filter" for k in v.launches(p))
     dy, w = p.make_inputs()
     w_off = torch.zeros(w.numel() + 1, dtype=w.dtype)[1:].view(w.shape)  # 2 bytes off
-    reason = v.tensor_check_fn(p, {"dy": dy, "w": w_off, "dx": None}, d14.dgrad.PLAIN)
+    reason = v.plan(p).tensor_reason({"dy": dy, "w": w_off, "dx": None})
     assert (reason is not None and "w.data_ptr() is not 16-byte aligned" in reason) == vector_w, reason
-    assert v.tensor_check_fn(p, {"dy": dy, "w": w, "dx": None}, d14.dgrad.PLAIN) is None
+    assert v.plan(p).tensor_reason({"dy": dy, "w": w, "dx": None}) is None
 
 
 # ---- the [BK][BN] stage of the in-place B, modelled ---------------------------------------------

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.check import CheckResult
 from helpers.problem import Conv2dProblem
+from helpers.reference import CheckResult
 from helpers.timing import Timing
 from helpers.variants import get
 
@@ -46,7 +46,8 @@ def stand_in(monkeypatch):
             ms = 2.0
         return Timing(ms, ms, ms, 5)
 
-    def check(v, p, kind="normal", **kw):
+    def check(plan, kind="normal", **kw):
+        v, p = plan.variant, plan.problem
         if v.name in state["raise"]:
             raise state["raise"][v.name]
         ok = v.name not in state["fail"]
@@ -54,9 +55,9 @@ def stand_in(monkeypatch):
                            True if kind == "int" else None, True)
 
     monkeypatch.setattr(hb, "cudnn_launcher", cudnn_launcher)
-    monkeypatch.setattr(importlib.import_module("helpers.timing"), "time_gpu", time_gpu)
-    monkeypatch.setattr(importlib.import_module("helpers.check"), "check", check)
-    monkeypatch.setattr(importlib.import_module("helpers.variants"), "prepare", lambda v, p, *a, **kw: ("launch", None))
+    monkeypatch.setattr(hb, "time_gpu", time_gpu)
+    monkeypatch.setattr(hb, "run_check", check)
+    monkeypatch.setattr(hb, "prepare", lambda plan, *a, **kw: ("launch", None))
     return state
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.check import _bands, bitwise_equal, compare, reference, reference_band, rel_l2_limit
 from helpers.problem import Conv2dProblem
+from helpers.reference import _bands, bitwise_equal, compare, reference, reference_band, rel_l2_limit
 
 
 def random_problem(rng: random.Random, layout: str = "NCHW") -> Conv2dProblem:

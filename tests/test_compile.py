@@ -216,11 +216,7 @@ def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_
     includes day 13's kernel; day 16 includes hopper.cuh) builds and plans again instead of running
     the stale code, and undoing the edit finds the old key. (They keyed on the file's own text or
     mtime, which an included file's edit leaves alone.)"""
-    import torch
 
-    from helpers import variants as hv
-    from helpers.epilogue import PLAIN
-    from helpers.problem import Conv2dProblem
 
     kdir = tmp_path / "kernels"
     kdir.mkdir()
@@ -229,14 +225,14 @@ def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_
     monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
     assert f'#include "{included}"' in (kdir / top).read_text()
     v = next(v for v in all_variants() if v.cu_file == top)
-    p = Conv2dProblem(N=1, C=8, H=8, W=8, K=8, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
     seen = []
     monkeypatch.setattr(hc, "nvcc_available", lambda: True)
     monkeypatch.setattr(hc, "_nvcc_compile_cached", lambda *key: seen.append(key) or ((), ""))
 
     def keys():
         hc.nvcc_compile(top, "sm_90a")
-        return hc._module_key(top, {"TILE": 1}, "sm_90a"), hv._plan_key(v, p, PLAIN, (torch.zeros(1),)), seen[-1]
+        # the module cache, the kernels a kept plan holds (`helpers.launch.compiled`'s key), nvcc's cache
+        return hc._module_key(top, {"TILE": 1}, "sm_90a"), hc.source_hash(v.cu_file), seen[-1]
 
     before = keys()
     path = kdir / included

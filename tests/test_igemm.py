@@ -13,9 +13,10 @@ import torch
 from days.day09_igemm_simt import MIN_BLOCKS, TILES, Tile, default_tile, igemm_pointer_check, make_igemm, vec_path
 from days.kit import blocks
 from helpers import gpu
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
-from helpers.variants import get, prepare
+from helpers.variants import get
 
 
 def nhwc(**kw) -> Conv2dProblem:
@@ -92,7 +93,7 @@ def test_misaligned_x_refused_before_the_gpu(monkeypatch):
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x, w = p.make_inputs()
     xs = torch.empty(x.numel() + 1)[1:].view(x.shape)
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
+    monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)  # CPU tensors pass
 
     def touched(*a, **k):
         raise AssertionError("the GPU was touched before the alignment check")

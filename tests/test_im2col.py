@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from days import day08_im2col as hi
 from helpers import gpu
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, resnet50
-from helpers.variants import Buffer, KernelLaunch, LaunchConfig, UnsupportedProblem, get, prepare, run
+from helpers.variants import Buffer, KernelLaunch, LaunchConfig, UnsupportedProblem, get
 
 V = get("im2col")
 EDGE = [V.adapt(p) for p in edge()]
@@ -145,7 +146,7 @@ def test_every_output_and_col_element_written_once(p: Conv2dProblem):
     assert (hi.im2col_writes(p) == 1).all(), f"{p.name}: the im2col model misses or repeats col elements"
     # capped grids: the grid-stride loops still cover everything once
     capped = dataclasses.replace(V.launch(p), grid=(V.launch(p).grid[0], 1, 1))
-    assert (np.asarray(V.covers_fn(p, capped)) == 1).all()
+    assert (np.asarray(V.plan(p).covers(capped)) == 1).all()
     assert (hi.im2col_writes(p, LaunchConfig(grid=(1, 1, 1), block=(256, 1, 1))) == 1).all()
 
 

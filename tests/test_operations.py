@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers.bench import cudnn_launcher
-from helpers.check import UNIT_ROUNDOFF, _band_rows, _bands, compare, reference, reference_band, rel_l2_limit
 from helpers.problem import INT_MAX, OPS, Conv2dProblem
+from helpers.reference import UNIT_ROUNDOFF, _band_rows, _bands, compare, reference, reference_band, rel_l2_limit
 
 BACKWARD = ("dgrad", "wgrad")
 

@@ -47,9 +47,10 @@ from days.day12_igemm_pipelined import (
 )
 from helpers import compile as hc
 from helpers import gpu
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big
-from helpers.variants import MAX_GRID, Buffer, get, prepare
+from helpers.variants import MAX_GRID, Buffer, get
 
 V = get("igemm_pipelined")
 DTYPES = ("fp16", "bf16")
@@ -271,7 +272,7 @@ def test_prepare_builds_with_the_stages_define(monkeypatch):
         return hc.CompiledKernel(function=lambda *a, **k: None, num_regs=145, shared_static_bytes=0, local_bytes=0,
                                  max_threads_per_block=256)
 
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)
+    monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=H200_SMEM, cc=(9, 0)))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(hc, "load_kernel", load_kernel)

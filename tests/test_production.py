@@ -41,10 +41,12 @@ from days.day13_igemm_production import (
 from days.kit import blocks
 from helpers import compile as hc
 from helpers import gpu
-from helpers.epilogue import PLAIN, Epilogue, reference_epilogue
+from helpers.epilogue import PLAIN, Epilogue
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
+from helpers.reference import reference_epilogue
 from helpers.suites import suite
-from helpers.variants import MAX_GRID, Buffer, UnsupportedProblem, get, prepare, run
+from helpers.variants import MAX_GRID, Buffer, UnsupportedProblem, get
 
 V = get("igemm_production")
 DTYPES = ("fp16", "bf16")
@@ -414,7 +416,7 @@ def test_every_output_written_once(tile, iterator):
             assert cfg.grid == (m_tiles << s, -(-n_tiles // 2**s), 1)
             assert cfg.block == (t.threads, 1, 1) and cfg.shared_bytes == t.shared_bytes
             assert all(1 <= g <= lim for g, lim in zip(cfg.grid, MAX_GRID))
-            counts = np.asarray(v.covers_fn(p, cfg))
+            counts = np.asarray(v.plan(p).covers(cfg))
             assert counts.shape == (p.N * p.P * p.Q * p.K,)
             assert (counts == 1).all(), (
                 f"{p.name} swizzle {s}: {(counts == 0).sum()} unwritten, {(counts > 1).sum()} twice"
@@ -632,7 +634,7 @@ class _Compiled(Exception):
 def no_gpu_checks(monkeypatch):
     """CPU tensors pass `check_tensors`, the device is a stand-in H200 on the default stream, and
     compiling raises `_Compiled`: every other check of `prepare` runs for real."""
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)
+    monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=H200_SMEM, cc=(9, 0)))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
 

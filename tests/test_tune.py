@@ -20,9 +20,9 @@ from days.day14_backward.wgrad import tiles as wgrad_tiles
 from helpers import compile as hc
 from helpers import gpu
 from helpers import tune as ht
-from helpers.epilogue import PLAIN
 from helpers.problem import Conv2dProblem
 from helpers.suites import suite
+from helpers.tune import search as hts
 from helpers.variants import get
 
 ENV = {"gpu": "NVIDIA H200", "driver": "580.00", "cuda": "13.0", "nvcc": "release 13.0"}
@@ -89,10 +89,8 @@ def test_tuned_lookups_hash_the_source_once_until_it_changes(tmp_path, monkeypat
     v = get("igemm_production")
     c.store(v, P1, entry())
     t = ht.tuned(v, c)
-    x, w = P1.make_inputs()
-    tensors = {"x": x, "w": w, "y": None, "cin": None, "bias": None}
     for _ in range(20):
-        assert t.tensor_check_fn(P1, tensors, PLAIN) is None and t.supports(P1) is None
+        assert t.plan(P1).config.alone and t.supports(P1) is None
     assert len(hashed) <= 1, f"{len(hashed)} hashes of the kernel's sources for 40 lookups"
     cu = kdir / v.cu_file
     cu.write_text(cu.read_text() + "\n// edited\n")
@@ -103,6 +101,7 @@ STORE_SCRIPT = """
 import sys
 from dataclasses import replace
 from helpers import tune as ht
+from helpers.tune import search as hts
 from helpers.variants import get
 from test_tune import ENV, P1, entry
 cache = ht.TuneCache(sys.argv[1], environment=ENV)
@@ -183,12 +182,9 @@ def test_a_damaged_cache_falls_back_to_the_rule_with_one_warning(tmp_path, text,
 def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_path, monkeypatch):
     """A cached configuration the space cannot build (a ValueError from `tuned.supports` before)
     runs the rule with a warning naming the file. With a GPU, a cached choice is checked with
-    `helpers.check.check` once per (problem, choice), when `prepare` checks the tensors (the
-    shape-level `supports` launches nothing); one that fails runs the rule, one whose check raises
-    runs the rule for that call and is checked again on the next."""
-    import importlib
-
-    hk = importlib.import_module("helpers.check")  # the module (helpers.check is also the function's name)
+    `helpers.check.check` once per (problem, choice), when a plan is first made for it (without
+    one nothing is checked: nothing runs); one that fails runs the rule, one whose check raises
+    runs the rule in that plan and is checked again by the next."""
     base = get("igemm_production")
     cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
     cache.store(base, P1, entry("no_such_tile_sw9"))
@@ -199,35 +195,35 @@ def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_pa
 
     cfg, tuned_entry = "128x256x32_w2x4_s3_b1_sw2", "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16"
     cache.store(base, P2, entry(cfg))
-    x, w = P2.make_inputs()
-    tensors = {"x": x, "w": w, "y": None, "cin": None, "bias": None}
     checked = []
+    v = ht.tuned(base, cache)
+    assert v.plan(P2).config.alone and v.launches(P2)[0].entry == tuned_entry and not checked  # no GPU: no check
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
     for verdict in ("pass", "fail", "raise"):
-        def check(var, p, verdict=verdict):
-            checked.append(var.name)
+        def check(plan, verdict=verdict):
+            checked.append(plan.variant.name)
             if verdict == "raise" and len(checked) == 1:
                 raise RuntimeError("CUDA out of memory (planted)")
             return SimpleNamespace(ok=verdict != "fail", reason="planted")
 
-        monkeypatch.setattr(hk, "check", check)
+        monkeypatch.setattr(hts, "check", check)
         checked.clear()
         v = ht.tuned(base, cache)
-        assert v.supports(P2, smem_limit=227 * 1024) is None and not checked  # shape level: no launch
         if verdict == "pass":
             for _ in range(3):
-                assert v.tensor_check_fn(P2, tensors, PLAIN) is None
+                assert v.supports(P2, smem_limit=227 * 1024) is None
                 assert v.launches(P2)[0].entry == tuned_entry
             assert len(checked) == 1 and cfg in checked[0]  # once per problem and choice
         elif verdict == "fail":
             with pytest.warns(ht.TuneCacheWarning, match="failed the check"):
-                v.tensor_check_fn(P2, tensors, PLAIN)
-            assert v.launches(P2)[0].entry == base.launches(P2)[0].entry
+                plan = v.plan(P2)
+            assert plan.launches[0].entry == base.launches(P2)[0].entry
+            assert v.launches(P2)[0].entry == base.launches(P2)[0].entry and len(checked) == 1
         else:
             with pytest.warns(ht.TuneCacheWarning, match="raised RuntimeError"):
-                v.tensor_check_fn(P2, tensors, PLAIN)
-            v.tensor_check_fn(P2, tensors, PLAIN)  # checked again: passes now
-            assert len(checked) == 2 and v.launches(P2)[0].entry == tuned_entry
+                plan = v.plan(P2)
+            assert plan.launches[0].entry == base.launches(P2)[0].entry  # the rule, in that plan
+            assert v.launches(P2)[0].entry == tuned_entry and len(checked) == 2  # checked again: passes now
 
 
 def test_a_winner_that_fails_the_full_check_is_replaced_and_a_wrong_rule_is_reported(monkeypatch, tmp_path):
@@ -357,7 +353,8 @@ def _config(variant) -> str:
 
 def stand_in_device(monkeypatch) -> None:
     """An H200's facts for `helpers.gpu.device_info`, and builds that take 0.5 s and do nothing."""
-    monkeypatch.setattr(hc, "build_many", lambda jobs, arch, workers=None: 0.5)
+    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None: 0.5)
+    monkeypatch.setattr(hts, "is_built", lambda cu_file, defines, arch: False)
     info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
                            l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))
     monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
@@ -369,18 +366,18 @@ class FakeGPU:
 
     def __init__(self, monkeypatch, ms: dict, wrong=(), inexact=()):
         self.ms, self.wrong, self.calls = ms, set(wrong), []
-        monkeypatch.setattr(ht, "_time_ms", self.time_ms)
-        monkeypatch.setattr(ht, "_inputs", lambda p: ())
+        monkeypatch.setattr(hts, "_time_ms", self.time_ms)
+        monkeypatch.setattr(hts, "_inputs", lambda p: ())
         self.checked = []
         verdict = SimpleNamespace(reason=lambda v, out: self.checked.append(_config(v)) or (
             None if bool((out == 1).all()) else "planted wrong output"))
         monkeypatch.setattr(ht.Reference, "of", classmethod(lambda cls, p, inputs: verdict))
-        monkeypatch.setattr(ht, "check_winner", lambda v, p: "planted: integer inputs but not bit-exact"
-                            if _config(v) in set(inexact) else None)
+        monkeypatch.setattr(hts, "check_winner", lambda plan: "planted: integer inputs but not bit-exact"
+                            if _config(plan.variant) in set(inexact) else None)
         stand_in_device(monkeypatch)
 
-    def time_ms(self, variant, p, inputs, reps, target_ms=0.0):
-        cfg = _config(variant)
+    def time_ms(self, plan, inputs, reps, target_ms=0.0):
+        cfg = _config(plan.variant)
         self.calls.append((cfg, reps))
         out = torch.full((4,), 2.0 if cfg in self.wrong else 1.0)
         return self.ms.get(cfg, 1.0), out
@@ -429,16 +426,14 @@ class OneBlock:
     output just freed to the next; a candidate in ``half`` writes only the first half of it."""
 
     def __init__(self, monkeypatch, p: Conv2dProblem, ms: dict, half=()):
-        from helpers import timing
-        from helpers import variants as hv
-        from helpers.check import reference
+        from helpers.reference import reference
 
         self.inputs = p.make_inputs(kind="normal", seed=1)
         y = p.from_logical(reference(p, *self.inputs).to(p.torch_dtype)).reshape(-1)
         block = torch.zeros(p.output_shape, dtype=p.torch_dtype)
 
-        def prepare(variant, problem, *inputs, cache=False):
-            cfg = _config(variant)
+        def prepare(plan, *inputs):
+            cfg = _config(plan.variant)
 
             def plan():
                 n = y.numel() // 2 if cfg in half else y.numel()
@@ -448,11 +443,11 @@ class OneBlock:
             return plan, block
 
         stand_in_device(monkeypatch)
-        monkeypatch.setattr(hv, "prepare", prepare)
-        monkeypatch.setattr(timing, "time_gpu", lambda plan, warmup=1, reps=None, target_ms=0.0: plan() or
+        monkeypatch.setattr(hts, "prepare", prepare)
+        monkeypatch.setattr(hts, "time_gpu", lambda plan, warmup=1, reps=None, target_ms=0.0: plan() or
                             SimpleNamespace(ms_p50=ms.get(plan.cfg, 1.0)))
-        monkeypatch.setattr(ht, "_inputs", lambda problem: self.inputs)
-        monkeypatch.setattr(ht, "check_winner", lambda v, problem: None)  # the reference check is under test
+        monkeypatch.setattr(hts, "_inputs", lambda problem: self.inputs)
+        monkeypatch.setattr(hts, "check_winner", lambda plan: None)  # the reference check is under test
 
 
 def test_a_candidate_that_writes_half_its_output_is_never_chosen(monkeypatch, tmp_path):
@@ -471,7 +466,7 @@ def test_a_candidate_that_writes_half_its_output_is_never_chosen(monkeypatch, tm
 def test_the_reference_sees_a_dropped_tap_and_a_nan():
     """`Reference.reason` is the harness's verdict: the rounded float64 output passes, the output of
     the same convolution with one filter tap dropped fails (relative L2), and a NaN fails."""
-    from helpers.check import reference
+    from helpers.reference import reference
 
     v = get("igemm_production")
     x, w = SMALL.make_inputs(kind="normal", seed=1)
@@ -633,7 +628,7 @@ def test_tune_runs_a_backward_space_on_an_fprop_suite(monkeypatch, tmp_path):
         seen.append(search.problem.op)
         return real(space, search, cache)
 
-    monkeypatch.setattr(ht, "measure", measure)
+    monkeypatch.setattr(hts, "measure", measure)
     df = ht.tune("wgrad", suite("resnet50", **NHWC16)[:2], None, progress=False)
     assert list(df.status) == ["ok", "ok"] and seen == ["wgrad", "wgrad"]
     assert all(cfg.rsplit("_k", 1)[0] in wgrad_tiles() for cfg in df.config)
@@ -676,20 +671,16 @@ def test_a_choice_this_process_tuned_is_not_checked_again(monkeypatch, tmp_path)
     """`measure` passes its winner through `check_winner` before storing it: the tuned variant
     reading the same cache object trusts that choice without a second `helpers.check.check`; a
     fresh cache object (another process) checks it once."""
-    import importlib
-
-    hk = importlib.import_module("helpers.check")
     sp, names = toy_space()
     FakeGPU(monkeypatch, {names[1]: 0.5})
     monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
     cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
     row = ht.tune_problem(sp, P1, cache, keep=6)
     checked = []
-    monkeypatch.setattr(hk, "check", lambda v, p: checked.append(v.name) or SimpleNamespace(ok=True, reason=""))
+    monkeypatch.setattr(hts, "check", lambda plan: checked.append(plan.variant.name) or SimpleNamespace(ok=True,
+                                                                                                     reason=""))
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
-    x, w = P1.make_inputs()
-    tensors = {"x": x, "w": w, "y": None, "cin": None, "bias": None}
-    ht.tuned("igemm_production", cache).tensor_check_fn(P1, tensors, PLAIN)
+    ht.tuned("igemm_production", cache).plan(P1)
     assert cache.checked(get("igemm_production"), P1, row["config"]) and checked == []
-    ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV)).tensor_check_fn(P1, tensors, PLAIN)
+    ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV)).plan(P1)
     assert len(checked) == 1 and row["config"] in checked[0]

@@ -18,21 +18,11 @@ import pytest
 import torch
 
 from helpers import gpu
-from helpers.epilogue import PLAIN
+from helpers.launch import check_tensors, prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, quick
 from helpers.tma import MAP_BYTES, MapBytes, TensorMap
-from helpers.variants import (
-    MAX_GRID,
-    MAX_THREADS_PER_BLOCK,
-    Buffer,
-    UnsupportedProblem,
-    all_variants,
-    check_tensors,
-    get,
-    prepare,
-    run,
-)
+from helpers.variants import MAX_GRID, MAX_THREADS_PER_BLOCK, Buffer, UnsupportedProblem, all_variants, get
 
 VARIANTS = all_variants()
 HOPPER_SMEM = 227 * 1024  # an H100's or H200's opt-in shared memory per block
@@ -239,7 +229,7 @@ def aligned_x_problem(v, misaligned) -> Conv2dProblem | None:
             continue
         a, b = p.inputs
         off = misaligned(torch.zeros(p.tensor_shape(a), dtype=p.torch_dtype))
-        if v.tensor_check_fn(p, {a: off, b: None, p.output: None}, PLAIN) is not None:
+        if v.plan(p).tensor_reason({a: off, b: None, p.output: None}) is not None:
             return p
     return None
 
@@ -253,7 +243,7 @@ def test_misaligned_x_refused_before_the_gpu(v, misaligned, monkeypatch):
     if p is None:
         pytest.skip(f"{v.name} needs no alignment of its first input on the edge/random problems it supports")
     x, w = p.make_inputs()
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
+    monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)  # CPU tensors pass
 
     def touched(*a, **k):
         raise AssertionError("the GPU was touched before the tensor check")
@@ -352,9 +342,9 @@ def stand_in_gpu(monkeypatch):
     """CPU tensors pass the device check, the device is an H200 (sm_90) on the default stream, and
     `load_kernel` returns a recorder for each entry: `prepare` runs every other step for real."""
     from helpers import compile as hc
-    from helpers import variants as hv
+    from helpers import launch as hl
 
-    real_check = hv.check_tensors
+    real_check = hl.check_tensors
 
     def check_but_device(*a, **k):
         try:
@@ -375,8 +365,8 @@ def stand_in_gpu(monkeypatch):
         return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
                                  max_threads_per_block=1024, param_offsets=offsets)
 
-    monkeypatch.setattr(hv, "check_tensors", check_but_device)
-    monkeypatch.setattr(hv, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
+    monkeypatch.setattr(hl, "check_tensors", check_but_device)
+    monkeypatch.setattr(hl, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
     monkeypatch.setattr(
         gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0), sms=132)
     )
@@ -435,23 +425,23 @@ def test_prepare_refuses_aliasing_outputs(stand_in_gpu):
 def test_prepare_cache_reuses_the_plan_and_checks_tensors_every_call(stand_in_gpu, monkeypatch):
     """With ``cache=True`` a second call on the same variant, problem, epilogue and device builds
     nothing and asks the variant for no launches, yet checks its tensors and binds their own
-    pointers; another problem, another variant object, an edited kernel file or `clear_plans`
-    make a new plan, and ``cache=False`` always does."""
-    from helpers import variants as hv
+    pointers; another problem, another variant object or `clear_plans` make a new plan, and
+    ``cache=False`` always does; an edited kernel file builds the kept plan's kernels again."""
+    from helpers import launch as hl
 
     calls, built = stand_in_gpu
     base = get("wgrad")  # two launches (main loop, reduction) and a workspace
     asked = []
 
-    def counted(p, ep):
+    def counted(p, ep, cfg):
         asked.append(p)
-        return base.launches_fn(p, ep)
+        return base.launches_fn(p, ep, cfg)
 
     v = replace(base, name="wgrad[counted]", launches_fn=counted)
     p = Conv2dProblem(N=4, C=16, H=28, W=28, K=16, R=3, S=3, padding=1, dtype="fp16", layout="NHWC", op="wgrad")
     x, dy = p.make_inputs()
     assert v.workspace_bytes(p) > 0
-    hv.clear_plans()
+    hl.clear_plans()
     plan, dw = prepare(v, p, x, dy, cache=True)
     first_builds, first_asks = len(built), len(asked)
     assert first_builds == len(v.launches(p)) and first_asks > 0
@@ -476,13 +466,14 @@ def test_prepare_cache_reuses_the_plan_and_checks_tensors_every_call(stand_in_gp
         make()
         assert len(built) > n
     n = len(built)
-    hv.clear_plans()
+    hl.clear_plans()
     prepare(v, p, x2, dy2, cache=True)
     assert len(built) > n
     n = len(built)
     monkeypatch.setattr("helpers.compile.source_hash", lambda cu: "an edited source")
-    prepare(v, p, x2, dy2, cache=True)  # the kernel (or a file it includes) changed: a new plan
-    assert len(built) > n
+    asked.clear()
+    prepare(v, p, x2, dy2, cache=True)  # the kernel (or a file it includes) changed: built again
+    assert len(built) > n and asked == []
 
 
 def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkeypatch):
@@ -524,7 +515,7 @@ def test_epilogue_type_errors_before_any_gpu_use(no_gpu):
 
     p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
     x, w = p.make_inputs()
-    for bad in (None, "relu", 1.0):
+    for bad in ("relu", 1.0, True):
         with pytest.raises(TypeError, match="epilogue must be a helpers.epilogue.Epilogue"):
             prepare("naive", p, x, w, epilogue=bad)
     with pytest.raises(TypeError, match="relu must be True or False"):
@@ -547,7 +538,8 @@ def test_copies_keep_a_fixed_entry():
 
 def test_bind_refuses_a_buffer_offset_outside_its_tensor():
     """A `Buffer` offset (e.g. one phase's filter in dgrad's workspace) must point inside the tensor."""
-    from helpers.variants import KernelLaunch, LaunchConfig, bind
+    from helpers.launch import bind
+    from helpers.variants import KernelLaunch, LaunchConfig
 
     ws = torch.empty(64, dtype=torch.uint8)
     k = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", 16),))
@@ -594,3 +586,43 @@ def test_init_on_a_second_device_is_refused(monkeypatch):
         gpu.init(1)
     monkeypatch.setattr(gpu, "_device", 1)  # a context on device 1: the harness's own init() calls keep it
     assert gpu.init() is gpu._ctx and gpu.init(1) is gpu._ctx and gpu.context_device() == torch.device("cuda", 1)
+
+
+def test_one_benchmark_row_asks_the_variant_once(stand_in_gpu, monkeypatch):
+    """A benchmark row makes the variant's plan once and passes it on: the configuration, the
+    support check, the two checked runs of each input kind and the timed run ask ``config_fn`` and
+    ``launches_fn`` once between them (before the plan, one row called ``launches_fn`` 16 times).
+    The real `helpers.bench.bench`, `helpers.check.check` and `prepare`, on CPU tensors, with
+    recorded launches; only the float64 comparison and the timer are stood in."""
+    import importlib
+
+    hb = importlib.import_module("helpers.bench")
+    hk = importlib.import_module("helpers.check")
+    base = get("dgrad")  # a configuration, three launches and a workspace
+    asked = {"config": 0, "launches": 0}
+
+    def config_fn(p):
+        asked["config"] += 1
+        return base.config_fn(p)
+
+    def launches_fn(p, ep, cfg):
+        asked["launches"] += 1
+        return base.launches_fn(p, ep, cfg)
+
+    v = replace(base, name="dgrad[counted]", config_fn=config_fn, launches_fn=launches_fn)
+    problems = [Conv2dProblem(N=2, C=16, H=9, W=11, K=24, R=3, S=3, stride=2, padding=1, dtype="fp16",
+                              layout="NHWC", op="dgrad"), Conv2dProblem(N=1, C=8, H=6, W=6, K=8, R=1, S=1,
+                                                                        dtype="fp16", layout="NHWC", op="dgrad")]
+    real_inputs = Conv2dProblem.make_inputs
+    monkeypatch.setattr(Conv2dProblem, "make_inputs", lambda self, device="cpu", **kw: real_inputs(self, **kw))
+    passed = {"nonfinite": 0, "max_abs_err": 0.0, "worst_err_over_bound": 0.0, "rel_l2": 0.0, "exact_equal": True}
+    monkeypatch.setattr(hk, "compare", lambda *a, **kw: passed)
+    monkeypatch.setattr(hb, "time_gpu", lambda fn, **kw: fn() or SimpleNamespace(ms_p50=1.0, ms_p20=1.0, ms_p80=1.0,
+                                                                                 reps=1))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2**40, 2**41))
+    df = hb.bench([v], problems, cudnn=False, progress=False)
+    assert list(df.status) == ["ok", "ok"], df.status.tolist()
+    calls, _ = stand_in_gpu
+    assert asked == {"config": 2, "launches": 2}  # once per row
+    runs = 2 * 2 + 1  # two checked runs of each input kind (normal, int), then the timed one
+    assert len(calls) == runs * sum(len(base.launches(p)) for p in problems)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.check import compare, judge, reference, rel_l2_limit
 from helpers.problem import Conv2dProblem
+from helpers.reference import compare, judge, reference, rel_l2_limit
 
 # (name, problem): the issue's bf16 layer (n = 4,608), an fp16 one past n = 262,144 and an
 # fp32 one of 810,000 terms; all within the integer kind's exactness (n · 3 · 2 <= 2^24).
@@ -154,15 +154,15 @@ def test_the_default_verdict_combines_normal_and_int(monkeypatch):
     """check(kind=None) runs normal and int, fails if either fails, and reports the worst measures."""
     import importlib
 
-    from helpers.check import CheckResult
+    from helpers.reference import CheckResult
 
     hc = importlib.import_module("helpers.check")
     runs = []
 
-    def one(variant, problem, kind, seed, accum, device):
+    def one(plan, kind, seed, accum, device):
         runs.append(kind)
         bad = kind == "int"
-        return CheckResult("v", problem.name, kind, not bad, "integer inputs but not bit-exact" if bad else "",
+        return CheckResult("v", plan.problem.name, kind, not bad, "integer inputs but not bit-exact" if bad else "",
                            2.0 if bad else 1.0, 0.5 if bad else 0.25, 1e-7, 3 if bad else 0,
                            False if bad else None, True)
 

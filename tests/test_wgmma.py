@@ -52,9 +52,10 @@ from days.kit import cdiv, grid_stride_items
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
+from helpers.launch import bind, compile_launches
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
-from helpers.variants import KernelLaunch, LaunchConfig, bind, compile_launches, get
+from helpers.variants import KernelLaunch, LaunchConfig, get
 
 V = get("igemm_wgmma")
 FORCED = {c.name: make_wgmma(name=f"igemm_wgmma[{c.name}]", config=c) for c in ENTRIES}
@@ -99,7 +100,7 @@ def test_persistent_grid_smaller_than_the_tiles_still_covers():
     assert launch.grid[0] < 392
     for grid in (1, 7, 131, 391, 392, 500):
         cfg = replace(launch, grid=(grid, 1, 1))
-        assert (v.covers_fn(p, cfg) == 1).all(), grid
+        assert (v.plan(p).covers(cfg) == 1).all(), grid
     one = FORCED["specialised_128x256_c2_s4"]
     assert one.launch(p).grid[0] == 392
 
@@ -174,7 +175,7 @@ def test_coverage_follows_the_tile_order_on_a_short_grid():
         cfg = replace(BY_NAME["specialised_256x128_c2_s4"], group_m=group_m)
         v = make_wgmma(config=cfg)
         short = replace(v.launch(p), grid=(v.launch(p).grid[0] - 2, 1, 1))
-        counts = v.covers_fn(p, short).reshape(p.gemm.m, p.K)
+        counts = v.plan(p).covers(short).reshape(p.gemm.m, p.K)
         tm, tn = tile_coords(np.arange(short.grid[0], short.grid[0] + 2), -(-p.gemm.m // 256), 3, group_m)
         for a, b in zip(tm, tn):
             assert (counts[256 * a : 256 * (a + 1), 128 * b : 128 * (b + 1)] == 0).all(), (group_m, a, b)
@@ -214,7 +215,7 @@ def test_cluster_pairs_cover_every_tile_once_with_a_ghost_rank():
         for grid in (full.grid[0], 4, 2):
             want = _replay_pairs(-(-tiles_m // 2), tiles_n, grid, group_m, "m", (tiles_m, tiles_n))
             assert (want == 1).all(), (group_m, grid)
-            counts = v.covers_fn(p, replace(full, grid=(grid, 1, 1)))
+            counts = v.plan(p).covers(replace(full, grid=(grid, 1, 1)))
             assert (counts == 1).all(), (group_m, grid)
     # the planted fault: both ranks on the pair's first m-tile (the rank forgotten) leaves every
     # second m-tile unwritten, which the replay's check sees
@@ -291,7 +292,7 @@ def test_cluster_a_pairs_cover_every_tile_once_with_a_ghost_rank():
             wrong = _replay_pairs(tiles_m, 2, grid, group_m, "m", (tiles_m, tiles_n))  # planted: pairs along M
             assert (want == 1).all(), (group_m, grid)
             assert not (wrong == 1).all()
-            assert (v.covers_fn(p, replace(full, grid=(grid, 1, 1))) == 1).all(), (group_m, grid)
+            assert (v.plan(p).covers(replace(full, grid=(grid, 1, 1))) == 1).all(), (group_m, grid)
 
 
 def test_cluster_copies_half_of_b_or_a_per_block():
@@ -308,7 +309,7 @@ def test_a_dropped_tile_is_seen_by_the_coverage_model():
     v = FORCED["specialised_256x128_c2_s4"]
     cfg = v.launch(p)
     short = replace(cfg, grid=(cfg.grid[0] - 1, 1, 1))
-    assert (v.covers_fn(p, short) == 0).any()
+    assert (v.plan(p).covers(short) == 0).any()
 
 
 def _walk_matches_the_conv(p: Conv2dProblem, bm: int) -> None:

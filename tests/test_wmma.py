@@ -19,9 +19,10 @@ import torch
 from days import day10_igemm_wmma as hw
 from helpers import compile as hc
 from helpers import gpu
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, resnet50
-from helpers.variants import MAX_GRID, UnsupportedProblem, get, prepare
+from helpers.variants import MAX_GRID, UnsupportedProblem, get
 
 V = get("igemm_wmma")
 
@@ -127,7 +128,7 @@ def test_covers_model_sees_a_short_grid():
     p = nhwc(N=1, C=8, H=20, W=20, K=300, R=1, S=1)  # M = 400: 4 blocks; K = 300: 3 blocks
     cfg = V.launch(p)
     assert cfg.grid == (4, 3, 1)
-    counts = V.covers_fn(p, replace(cfg, grid=(3, 2, 1))).reshape(p.gemm.m, p.K)
+    counts = V.plan(p).covers(replace(cfg, grid=(3, 2, 1))).reshape(p.gemm.m, p.K)
     assert (counts[: 3 * hw.BM, : 2 * hw.BN] == 1).all()
     assert (counts[3 * hw.BM :] == 0).all() and (counts[:, 2 * hw.BN :] == 0).all()
 
@@ -166,7 +167,7 @@ def test_old_gpu_refused_after_the_tensor_checks(monkeypatch):
     any GPU call: tests/test_variants.py, for every variant that needs x aligned)."""
     p = nhwc(N=1, C=8, H=4, W=4, K=8, R=1, S=1)
     x, w = p.make_inputs()
-    monkeypatch.setattr("helpers.variants.check_tensors", lambda *a, **k: None)  # CPU tensors pass
+    monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)  # CPU tensors pass
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=48 * 1024, cc=(7, 5)))
     with pytest.raises(UnsupportedProblem, match="igemm_wmma needs a GPU of compute capability 8.0"):
         prepare(V, p, x, w)

@@ -17,7 +17,7 @@ additions, each a parameter here. This package splits them by concern:
   tiles visited by consecutive blocks); `choose` picks all three;
 * `variant` — the launch, the refusals, the coverage model and the **fused epilogue**
   D = act(alpha·conv(x, w) + beta·Cin + bias), act = identity or ReLU: ``cin``, ``bias`` and a
-  `helpers.epilogue.Epilogue` go through `helpers.variants.prepare` by name;
+  `helpers.epilogue.Epilogue` go through `helpers.launch.prepare` by name;
   `make_production` builds a variant with any choice forced, and the registered
   ``igemm_production`` is the automatic one.
 

@@ -1,6 +1,6 @@
 """Day 13's variant: the launch of one `ProductionConfig` (tile, iterator, swizzle), its fused
 epilogue (``cin``, ``bias`` and the `helpers.epilogue.Epilogue` scalars go through
-`helpers.variants.prepare` by name), its refusals and its coverage model; `make_production` builds
+`helpers.launch.prepare` by name), its refusals and its coverage model; `make_production` builds
 one with any choice forced, and the registered ``igemm_production`` is the automatic one.
 """
 
@@ -143,7 +143,9 @@ def make_production(
     if swizzle is not None and not 0 <= swizzle <= 4:
         raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
     chosen = partial(choose, tile=tile, iterator=iterator, swizzle=swizzle)
-    pick: Callable[[Conv2dProblem], ProductionConfig] = (lambda p: replace(chosen(p), alone=True)) if alone else chosen
+    config_fn: Callable[[Conv2dProblem], ProductionConfig] = chosen
+    if alone:
+        config_fn = lambda p: replace(chosen(p), alone=True)  # noqa: E731 - the forced tile, built by itself
     forced = ", ".join(f"{k}={v.name if k == 'tile' else v}" for k, v in
                        (("tile", tile), ("iterator", iterator), ("swizzle", swizzle)) if v is not None)
     return Variant(
@@ -152,15 +154,16 @@ def make_production(
         cu_file=CU_FILE,
         summary="the production kernel: cp.async pipeline, tile descriptions, three iterators, swizzle, fused epilogue"
         + (f" ({forced}{', built alone' if alone else ''})" if forced else ""),
-        supports_fn=lambda p: config_reason(p, pick(p)),
-        launches_fn=lambda p, ep: production_launches(p, ep, pick(p)),
-        covers_fn=lambda p, launch: covers(p, launch, pick(p)),
+        config_fn=config_fn,
+        supports_fn=config_reason,
+        launches_fn=production_launches,
+        covers_fn=covers,
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
         accum="fp32",
         operands=("cin", "bias"),
         fused_epilogue=True,
-        tensor_check_fn=lambda p, tensors, ep: tensor_check(p, tensors, ep, pick(p)),
+        tensor_check_fn=tensor_check,
         min_cc=TENSOR_CORE_CC,
         min_cc_why="cp.async, mma.sync m16n8k16 with bf16, ldmatrix",
     )

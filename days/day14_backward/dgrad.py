@@ -15,7 +15,6 @@ swizzle come from day 13's rule applied to the GEMM of the largest phase (`phase
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -241,21 +240,18 @@ def workspace_bytes(p: Conv2dProblem) -> int:
     return 0 if in_place(p) else 2 * p.K * p.R * p.S * p.C
 
 
-Pick = Callable[[Conv2dProblem], ProductionConfig]  # a problem's phase-GEMM configuration (`choose_config`)
-
-
-def dgrad_reason(p: Conv2dProblem, pick: Pick = choose_config) -> str | None:
+def dgrad_reason(p: Conv2dProblem, cfg: ProductionConfig | None = None) -> str | None:
     """None if the variant runs ``p``, else why not: groups, the zero kernel's phase masks (stride
     <= 32 where a pixel gets no tap), the instantiated tile, and the 32-bit arithmetic of the phase
     kernels (the phase GEMM-K Jh·Jw·K walk, the in-place B offsets R·S·C and r_step·S·C, the I·J and
     P·Q pixel indices, the dy rows a phase reaches; the zero kernel's is bounded by its grid).
-    ``pick`` gives the phase GEMMs' configuration (default: the rule, `choose_config`)."""
+    ``cfg`` is the phase GEMMs' configuration (None: the rule's, `choose_config`)."""
     if p.groups != 1:
         return f"needs groups = 1; got {p.groups}"
     if any(zero_masks(p)) and max(p.stride) > MAX_ZERO_STRIDE:
         return (f"needs stride <= {MAX_ZERO_STRIDE} on both axes where dx pixels get no tap (the zero kernel "
                 f"takes each axis's phases without taps as a 32-bit mask); got stride {p.stride}")
-    cfg = pick(p)
+    cfg = cfg or choose_config(p)
     if cfg.iterator not in instantiated().get(cfg.tile.name, ()):
         return f"{CU_FILE} has no entry for tile {cfg.tile.name} with the {cfg.iterator} iterator"
     if p.K * p.R * p.S + 2 * cfg.tile.bk > INT32_MAX:
@@ -284,14 +280,14 @@ def zero_launch(p: Conv2dProblem) -> tuple[LaunchConfig, int]:
     return LaunchConfig(grid=(p.N * p.H, cdiv(p.W * (p.C // per), ZERO_THREADS), 1), block=(ZERO_THREADS, 1, 1)), per
 
 
-def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, pick: Pick = choose_config) -> list[KernelLaunch]:
+def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: ProductionConfig | None = None) -> list[KernelLaunch]:
     """On the transposed path (not `in_place`) first ``filter`` (dgrad_filter_phases on w ->
     workspace); then per `dgrad_plan` entry ``phase_<φh>_<φw>``: day 13's kernel on dy, B (w itself
     in place, else the phase filter, ``Buffer("workspace", offset)``) and dx (``dgrad_unit_*`` with
     unit stride: day 13's dense rows), with the phase's taps in w (R, S, first, step per axis);
     then, if some dx pixel gets no tap, ``zero``: ``dgrad_zero_phases`` on dx with `zero_masks`,
-    those pixels set to 0. ``pick``: the phase GEMMs' configuration (default `choose_config`)."""
-    cfg = pick(p)
+    those pixels set to 0. ``cfg``: the phase GEMMs' configuration (None: the rule's, `choose_config`)."""
+    cfg = cfg or choose_config(p)
     t, i32, u32 = cfg.tile, np.int32, np.uint32
     from_w = in_place(p)
     out = []
@@ -323,16 +319,17 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, pick: Pick = choose_con
     return out
 
 
-def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, pick: Pick = choose_config) -> np.ndarray:
+def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: ProductionConfig | None = None) -> np.ndarray:
     """Writes per dx element (NHWC, flat) of every launch that writes dx: phase (φh, φw) writes its
     GEMM tiles (`tile_visits`, `gemm_writes` of N·I·J rows by C) at dx pixels (n, φh + sh·i,
     φw + sw·j); ``zero`` writes, in the rows (n, h) and runs of a row its grid reaches, the
     `zero_pixels`. ``launch`` is the last launch's configuration (the one
-    `helpers.variants.Variant.with_output_launch` may change); the others come from `dgrad_launches`."""
-    cfg = pick(p)
+    `helpers.variants.Variant.with_output_launch` may change); the others come from `dgrad_launches`.
+    ``cfg``: the phase GEMMs' configuration (None: the rule's, `choose_config`)."""
+    cfg = cfg or choose_config(p)
     t = cfg.tile
     counts = np.zeros((p.N, p.H, p.W, p.C), dtype=np.int64)
-    configs = {k.name: k.config for k in dgrad_launches(p, PLAIN, pick)}
+    configs = {k.name: k.config for k in dgrad_launches(p, PLAIN, cfg)}
     configs[list(configs)[-1]] = launch
     for ph in dgrad_plan(p):
         i, j = ph.pixels
@@ -381,7 +378,7 @@ def make_dgrad(name: str = "dgrad", tile: TileDescription | str | None = None, s
     if swizzle is not None and not 0 <= swizzle <= 4:
         raise ValueError(f"swizzle = {swizzle}: log2 of the filter tiles per A tile, 0 .. 4")
 
-    def pick(p: Conv2dProblem) -> ProductionConfig:
+    def config_fn(p: Conv2dProblem) -> ProductionConfig:
         rule = choose_config(p)
         tt = t or rule.tile
         if swizzle is not None:
@@ -397,15 +394,16 @@ def make_dgrad(name: str = "dgrad", tile: TileDescription | str | None = None, s
         cu_file=CU_FILE,
         summary="dgrad: day 13's kernel once per filter phase over dy, w read in place (or transposed first)"
         + (f" ({forced})" if forced else ""),
-        supports_fn=lambda p: dgrad_reason(p, pick),
-        launches_fn=lambda p, ep: dgrad_launches(p, ep, pick),
-        covers_fn=lambda p, launch: dgrad_covers(p, launch, pick),
+        config_fn=config_fn,
+        supports_fn=dgrad_reason,
+        launches_fn=dgrad_launches,
+        covers_fn=dgrad_covers,
         op="dgrad",
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
         accum="fp32",
-        workspace_fn=workspace_bytes,
-        tensor_check_fn=dgrad_tensor_check,
+        workspace_fn=lambda p, cfg: workspace_bytes(p),
+        tensor_check_fn=lambda p, tensors, ep, cfg: dgrad_tensor_check(p, tensors, ep),
         min_cc=TENSOR_CORE_CC,
         min_cc_why="day 13's cp.async, mma.sync m16n8k16 with bf16, ldmatrix",
     )

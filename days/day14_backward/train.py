@@ -20,8 +20,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from helpers import gpu
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
-from helpers.variants import prepare
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -74,7 +74,7 @@ class Conv2dFunction(torch.autograd.Function):
 
     Shapes: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q), logical, channels_last memory
     (a contiguous NCHW tensor is accepted too: it is copied into NHWC). Raises what
-    `helpers.variants.prepare` raises (unsupported problem, wrong device, misalignment), before
+    `helpers.launch.prepare` raises (unsupported problem, wrong device, misalignment), before
     any launch.
     """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 
@@ -242,9 +242,6 @@ def make_wgrad(name: str = "wgrad", mode: str = "parallel", tile: WgradTile | st
     if splits is not None and splits < 1:
         raise ValueError(f"splits = {splits}: at least 1 slice")
 
-    def pick(p: Conv2dProblem) -> WgradConfig:
-        return choose_wgrad(p, mode, tile, splits)
-
     forced = ", ".join(f"{k}={v.name if isinstance(v, WgradTile) else v}" for k, v in
                        (("tile", tile), ("splits", splits)) if v is not None)
     return Variant(
@@ -253,15 +250,16 @@ def make_wgrad(name: str = "wgrad", mode: str = "parallel", tile: WgradTile | st
         cu_file=CU_FILE,
         summary=f"wgrad: implicit GEMM over N*P*Q with ldmatrix.trans, {mode} split-K"
         + (f" ({forced})" if forced else ""),
-        supports_fn=lambda p: wgrad_reason(p, pick(p)),
-        launches_fn=lambda p, ep: wgrad_launches(p, ep, pick(p)),
-        covers_fn=lambda p, launch: wgrad_covers(p, launch, pick(p)),
+        config_fn=partial(choose_wgrad, mode=mode, tile=tile, splits=splits),
+        supports_fn=wgrad_reason,
+        launches_fn=wgrad_launches,
+        covers_fn=wgrad_covers,
         op="wgrad",
         dtypes=("fp16", "bf16"),
         layouts=("NHWC",),
         accum="fp32",
-        workspace_fn=lambda p: workspace_bytes(p, pick(p)),
-        tensor_check_fn=wgrad_tensor_check,
+        workspace_fn=workspace_bytes,
+        tensor_check_fn=lambda p, tensors, ep, cfg: wgrad_tensor_check(p, tensors, ep),
         min_cc=TENSOR_CORE_CC,
         min_cc_why="cp.async, mma.sync m16n8k16 with bf16, ldmatrix.trans",
     )

@@ -18,9 +18,11 @@ from days.day13_igemm_production import ProductionConfig, TileDescription, choos
 from days.day14_backward import dgrad as dg
 from days.day14_backward import make_wgrad
 from helpers import gpu
-from helpers.check import bitwise_equal, check, compare
+from helpers.check import check
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
-from helpers.variants import get, prepare, run
+from helpers.reference import bitwise_equal, compare
+from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 
@@ -174,9 +176,9 @@ def test_dropped_slice_is_caught():
     The check must fail."""
     v = make_wgrad("w", "parallel", splits=4)
     p = Conv2dProblem(N=4, C=16, H=12, W=12, K=16, R=3, S=3, padding=1, op="wgrad", **NHWC)
-    short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
+    short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep, cfg: [
         dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
-        for k in v.launches_fn(q, ep)])
+        for k in v.launches_fn(q, ep, cfg)])
     x, dy = p.make_inputs(device="cuda", seed=4)
     assert within_bound(p, x, dy, run(v, p, x, dy))
     assert not within_bound(p, x, dy, run(short, p, x, dy))
@@ -192,7 +194,8 @@ def test_dropped_launch_is_caught(edge: str, launch: str):
     p = problem(edge, "dgrad")
     assert launch in [k.name for k in v.launches(p)]
     dropped = dataclasses.replace(v, name=f"dgrad_dropped_{launch}",
-                                  launches_fn=lambda q, ep: [k for k in v.launches_fn(q, ep) if k.name != launch])
+                                  launches_fn=lambda q, ep, cfg: [k for k in v.launches_fn(q, ep, cfg)
+                                                                   if k.name != launch])
     dy, w = p.make_inputs(device="cuda", seed=4)
     d = compare(p, dy, w, run(dropped, p, dy, w))
     assert d["nonfinite"] > 0 and not within_bound(p, dy, w, run(dropped, p, dy, w))
@@ -242,9 +245,9 @@ def test_a_wrong_wgrad_in_training_is_caught():
     from days.day14_backward import train
 
     v = make_wgrad("w", "parallel", splits=4)
-    short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep: [
+    short = dataclasses.replace(v, name="wgrad_dropped_slice", launches_fn=lambda q, ep, cfg: [
         dataclasses.replace(k, args=k.args[:-1] + (type(k.args[-1])(3),)) if k.name == "reduce" else k
-        for k in v.launches_fn(q, ep)])
+        for k in v.launches_fn(q, ep, cfg)])
     x, labels = _batch()
     ours, ref = train.make_pair(16, 64, 32, 2)
     for m in ours.modules():

@@ -21,10 +21,12 @@ import pytest
 import torch
 
 from helpers import gpu
-from helpers.check import bitwise_equal, check, compare
+from helpers.check import check
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
+from helpers.reference import bitwise_equal, compare
 from helpers.suites import depthwise, edge, is_big, quick
-from helpers.variants import UnsupportedProblem, all_variants, get, prepare, run
+from helpers.variants import UnsupportedProblem, all_variants, get
 
 pytestmark = pytest.mark.gpu
 
@@ -295,8 +297,8 @@ def test_kahan_compensates_and_double_accumulates():
     """On a long reduction (C = 512, 9 x 9: 41,472 terms) acc_kahan and acc_double land far closer
     to the float64 reference than acc_float: a build that lost its compensation (or its fp64
     sum) would be no better than the plain fp32 sum."""
-    from helpers.check import reference
     from helpers.problem import Conv2dProblem
+    from helpers.reference import reference
 
     p = Conv2dProblem(N=1, C=512, H=24, W=24, K=8, R=9, S=9, padding=4)
     x, w = p.make_inputs(device="cuda", seed=5)

@@ -18,10 +18,12 @@ import torch
 
 from days import day08_im2col as hi
 from helpers import gpu
-from helpers.check import bitwise_equal, check, compare
+from helpers.check import check
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
+from helpers.reference import bitwise_equal, compare
 from helpers.suites import edge, is_big
-from helpers.variants import get, prepare, run
+from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 

@@ -11,9 +11,10 @@ import torch
 
 from helpers import gpu
 from helpers.check import check
+from helpers.launch import run
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
-from helpers.variants import get, run
+from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 

@@ -26,9 +26,10 @@ from days.day12_igemm_pipelined import edge_c8, make_pipelined
 from days.day13_igemm_production import choose
 from helpers import gpu
 from helpers.check import check
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.suites import is_big, suite
-from helpers.variants import get, prepare, run
+from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@
 * the automatic ``igemm_production`` on the NHWC edge suite (normal, int, cancel);
 * every swizzle 0..3 on K = 300 with a 64-wide tile (some blocks have no filter tile): correct,
   and bitwise the same output whatever the swizzle;
-* the fused epilogue through `helpers.variants.prepare` and `helpers.epilogue.check_epilogue`;
+* the fused epilogue through `helpers.launch.prepare` and `helpers.check.check_epilogue`;
 * refusals before any launch, and bit-for-bit agreement with torch on integer inputs.
 
 Masked-off cp.async copies whose sources lie far outside x (day 12's iterator, kept here) are
@@ -27,11 +27,13 @@ import torch.nn.functional as F
 from days.day13_igemm_production import INSTANTIATED, choose, make_production
 from days.kit import TENSOR_CORE_CC as MIN_CC
 from helpers import gpu
-from helpers.check import bitwise_equal, check
-from helpers.epilogue import Epilogue, check_epilogue
+from helpers.check import check, check_epilogue
+from helpers.epilogue import Epilogue
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
+from helpers.reference import bitwise_equal
 from helpers.suites import is_big, suite
-from helpers.variants import UnsupportedProblem, get, prepare, run
+from helpers.variants import UnsupportedProblem, get
 
 pytestmark = pytest.mark.gpu
 

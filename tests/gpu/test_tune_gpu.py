@@ -10,9 +10,11 @@ from days.day13_igemm_production import space, tune_defines
 from helpers import compile as hc
 from helpers import gpu
 from helpers import tune as ht
-from helpers.check import bitwise_equal, check
+from helpers.check import check
+from helpers.launch import run
 from helpers.problem import Conv2dProblem
-from helpers.variants import get, run
+from helpers.reference import bitwise_equal
+from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 

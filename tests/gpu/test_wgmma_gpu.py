@@ -7,7 +7,7 @@
   problems that divide no tile, with stride, padding and dilation on either axis, C = 8 .. 256
   with a partial last channel block, K odd; fp16 and bf16, normal and integer (bit-exact) inputs;
 * the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
-* the fused epilogue through `helpers.epilogue.check_epilogue` (bias, alpha, beta, in-place Cin, ReLU);
+* the fused epilogue through `helpers.check.check_epilogue` (bias, alpha, beta, in-place Cin, ReLU);
 * problems beyond the im2col mode's limits, refused before any launch, a misaligned y (refused when
   the copy engine stores it, exact when the threads do), and the driver's parameter layout that
   `helpers.tma.kernel_args` pads to.
@@ -36,11 +36,13 @@ from days.day16_igemm_wgmma import (
 )
 from helpers import compile as hc
 from helpers import gpu
-from helpers.check import check, compare
-from helpers.epilogue import Epilogue, check_epilogue
+from helpers.check import check, check_epilogue
+from helpers.epilogue import Epilogue
+from helpers.launch import run
 from helpers.problem import Conv2dProblem
+from helpers.reference import compare
 from helpers.suites import is_big, suite
-from helpers.variants import UnsupportedProblem, get, run
+from helpers.variants import UnsupportedProblem, get
 
 pytestmark = pytest.mark.gpu
 

@@ -19,10 +19,12 @@ import pytest
 import torch
 
 from helpers import gpu
-from helpers.check import bitwise_equal, check
+from helpers.check import check
+from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
+from helpers.reference import bitwise_equal
 from helpers.suites import RESNET50_LAYERS, edge, is_big
-from helpers.variants import UnsupportedProblem, get, prepare, run
+from helpers.variants import UnsupportedProblem, get
 
 pytestmark = pytest.mark.gpu
 

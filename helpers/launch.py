@@ -1,0 +1,411 @@
+"""The one launch path: validate a call's tensors, build a `helpers.variants.Plan`'s kernels and
+bind them to the tensors, then launch on the legacy default stream (torch's default), so kernels
+and torch ops stay ordered.
+
+`prepare` takes a plan (or a variant and a problem, and makes the plan), validates everything
+once (the problem, the tensors and operands by name, aliasing, the device), compiles every launch
+once (kept in the plan) and returns a `Prepared` run of it. With ``cache=True`` it keeps the plan
+for the next call with the same variant, problem, epilogue and device, which then only checks its
+tensors and binds their pointers. `run` prepares, poisons the output with NaN and launches once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import compile as hc
+from . import gpu
+from .epilogue import OPERANDS, PLAIN, Epilogue, check_scalars, operand_shape
+from .problem import Conv2dProblem
+from .tma import TensorMap, kernel_args
+from .tma import encode as encode_map
+from .variants import Buffer, KernelLaunch, LaunchConfig, Plan, UnsupportedProblem, Variant, get
+
+# ---- validation ------------------------------------------------------------------------------
+
+
+def check_tensors(problem: Conv2dProblem, inputs: tuple, out: torch.Tensor | None = None) -> None:
+    """Raise a clear error if the op's ``inputs`` (and ``out``, if given) do not match ``problem``
+    or cannot be passed to a kernel.
+
+    ``inputs`` are the op's two inputs in `Conv2dProblem.inputs` order (fprop: x, w) and ``out``
+    its output (fprop: y). Checked in this order: count; type, dtype, shape, contiguity of each
+    input; the same for the output (one ValueError); device (CUDA, the same one for all, and the
+    one the kernels' context is on: `helpers.gpu.context_device`).
+
+    Raises:
+        TypeError: an input is not a tensor, or has the wrong dtype; the wrong number of inputs.
+        ValueError: wrong shape, not contiguous, not on a CUDA device (or not on the first
+            input's, or not on the context's device); a bad output.
+    """
+    names = problem.inputs
+    if len(inputs) != len(names):
+        raise TypeError(f"a {problem.op} problem takes {len(names)} inputs ({', '.join(names)}); got {len(inputs)}")
+    for nm, t in zip(names, inputs):
+        shape = problem.tensor_shape(nm)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{nm} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dtype != problem.torch_dtype:
+            raise TypeError(f"{nm} must be {problem.torch_dtype} for a {problem.dtype} problem; got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{nm} must have shape {shape} ({problem.layout}); got {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{nm} is not contiguous (strides {t.stride()}); kernels read dense {problem.layout} "
+                f"memory: pass {nm}.contiguous()"
+            )
+    onm, oshape = problem.output, problem.tensor_shape(problem.output)
+    if out is not None and not (
+        isinstance(out, torch.Tensor)
+        and out.dtype == problem.torch_dtype
+        and tuple(out.shape) == oshape
+        and out.is_contiguous()
+    ):
+        got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{onm} must be a contiguous {problem.torch_dtype} tensor of shape {oshape}; got {got}")
+    named = list(zip(names, inputs)) + ([(onm, out)] if out is not None else [])
+    for nm, t in named:
+        if t.device.type != "cuda":
+            raise ValueError(f"{nm} is on {t.device}; kernels need CUDA tensors: pass {nm}.cuda()")
+    first_nm, first = named[0]
+    for nm, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{first_nm} is on {first.device} but {nm} is on {t.device}")
+    ctx = gpu.context_device()
+    if first.device.index is not None and first.device != ctx:
+        raise ValueError(f"the tensors are on {first.device}, but the kernels run in the context of {ctx} "
+                         f"(helpers.gpu.init): pass {first_nm}.to('{ctx}') and the others")
+
+
+def check_operands(problem: Conv2dProblem, epilogue: Epilogue, operands: dict, ref: torch.Tensor) -> None:
+    """Raise before any launch if the epilogue or its operands cannot be passed.
+
+    Each given operand must be a contiguous tensor of `operand_shape`, ``ref``'s dtype and device;
+    ``beta != 0`` needs ``cin``; alpha and beta go to the kernel as float32, so they must be
+    finite there and a nonzero beta must not round to 0 (the kernel would skip Cin).
+
+    Raises:
+        TypeError: an operand that is not a tensor (`prepare` has checked that
+            ``epilogue`` is an `Epilogue`).
+        ValueError: wrong shape, dtype, layout or device; beta without cin; alpha/beta float32
+            cannot carry.
+    """
+    for nm, t in operands.items():
+        if t is None:
+            continue
+        shape = operand_shape(problem, nm)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{nm} must be a torch.Tensor or None; got {type(t).__name__}")
+        if t.dtype != ref.dtype or tuple(t.shape) != shape or not t.is_contiguous() or t.device != ref.device:
+            raise ValueError(
+                f"{nm} must be a contiguous {ref.dtype} tensor of shape {shape} on {ref.device}; "
+                f"got {t.dtype} {tuple(t.shape)} on {t.device}{'' if t.is_contiguous() else ', not contiguous'}"
+            )
+    if epilogue.beta != 0 and operands.get("cin") is None:
+        raise ValueError(f"epilogue beta = {epilogue.beta} needs cin (the tensor it scales)")
+    check_scalars(epilogue)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two dense tensors share any byte of memory."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1 and a.device == b.device
+
+
+def check_aliasing(out_name: str, out: torch.Tensor, reads: dict) -> None:
+    """The output is written while other blocks still read every input and operand: it may share
+    memory with none of them, except ``cin`` being exactly the output (each element is read by
+    the thread that writes it: an in-place update).
+
+    Raises:
+        ValueError: the output overlaps a tensor it must not.
+    """
+    for nm, t in reads.items():
+        if t is None or not overlaps(out, t):
+            continue
+        if nm == "cin" and _byte_range(t) == _byte_range(out):
+            continue
+        if nm == "cin":
+            raise ValueError(f"cin overlaps {out_name} without being {out_name}: pass {out_name} itself (in place) "
+                             "or a separate tensor")
+        raise ValueError(
+            f"{out_name} overlaps {nm} in memory: the kernel writes {out_name} while other blocks read {nm}"
+        )
+
+
+def _check_call(plan: Plan, inputs: tuple, out, operands: dict) -> None:
+    """The checks of one call's tensors, made on every call (cached plan or not), in order: the
+    operands and epilogue the plan's variant takes; `check_tensors`; `check_operands`; aliasing
+    of a given output; the variant's ``tensor_check_fn``. Raises what `prepare` documents."""
+    v, problem, epilogue = plan.variant, plan.problem, plan.epilogue
+    unknown = [nm for nm, t in operands.items() if nm not in v.operands and t is not None]
+    if unknown:
+        takes = ", ".join(v.operands) or "none"
+        raise ValueError(f"{v.name} reads no {', '.join(unknown)}; the operands it takes: {takes}")
+    if not epilogue.is_plain and not v.fused_epilogue:
+        raise ValueError(f"{v.name} fuses no epilogue: it computes the plain {v.op}; got {epilogue}")
+    check_tensors(problem, inputs, out)
+    check_operands(problem, epilogue, operands, ref=inputs[0])
+    reads = {**dict(zip(problem.inputs, inputs)), **operands}
+    if out is not None:
+        check_aliasing(problem.output, out, reads)
+    reason = plan.tensor_reason({**reads, problem.output: out})
+    if reason:
+        raise ValueError(f"{v.name}: {reason}")
+
+
+def _check_stream(device: torch.device) -> None:
+    if torch.cuda.current_stream(device).cuda_stream != 0:
+        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+
+
+# Plans `prepare(..., cache=True)` made, by (id of the variant, problem, epilogue); the oldest is
+# dropped past PLAN_CACHE_SIZE. Each keeps its kernels by device, arch and the kernel file's
+# `helpers.compile.source_hash`, so an edited kernel is built again.
+PLAN_CACHE_SIZE = 4096
+_plans: OrderedDict = OrderedDict()
+
+
+def clear_plans() -> None:
+    """Forget every plan `prepare(..., cache=True)` kept (e.g. after changing a module-level knob
+    that a variant's launches read, such as ``days.day07_general.DW_MIN_GRID``)."""
+    _plans.clear()
+
+
+def _cached_plan(v: Variant, problem: Conv2dProblem, epilogue: Epilogue) -> Plan:
+    """The plan `prepare(..., cache=True)` kept for (v, problem, epilogue), made now if none."""
+    key = (id(v), problem, epilogue)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = v.plan(problem, epilogue)
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(key)
+    return plan
+
+
+def compiled(plan: Plan, device: torch.device, arch: str) -> list[tuple[KernelLaunch, object]]:
+    """The plan's kernels built for ``arch`` (`compile_launches`), kept in the plan by device,
+    arch and the kernel file's `helpers.compile.source_hash` (an edited kernel is built again).
+
+    Raises:
+        UnsupportedProblem: a build allows fewer threads per block than a launch has.
+    """
+    key = (device, arch, hc.source_hash(plan.variant.cu_file))
+    if key not in plan.compiled:
+        plan.compiled[key] = compile_launches(plan.variant, list(plan.launches), arch)
+    return plan.compiled[key]
+
+
+@dataclass
+class Prepared:
+    """What `prepare` returns with the output: call it to launch every kernel once, in order.
+
+    ``plan`` is the `helpers.variants.Plan` it runs; ``kernels`` maps each launch's name to a
+    closure that launches that kernel alone (call them in order: a later kernel reads what an
+    earlier one wrote), so ``helpers.timing.time_gpu`` can time them apart; ``workspace`` is the
+    uint8 scratch tensor they share (None if the variant needs none). It keeps every tensor it
+    points to alive.
+    """
+
+    plan: Plan
+    kernels: dict[str, Callable[[], None]]
+    workspace: torch.Tensor | None = None
+    tensors: dict = field(default_factory=dict, repr=False)
+
+    def __call__(self) -> None:
+        for f in self.kernels.values():
+            f()
+
+
+def _launcher(fn, args: tuple, cfg: LaunchConfig) -> Callable[[], None]:
+    def launch() -> None:
+        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
+
+    return launch
+
+
+def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[tuple[KernelLaunch, object]]:
+    """Build every launch's kernel of ``v`` for ``arch`` (cached): ``[(launch, launcher)]``, the
+    launcher the pycuda function, or for a launch that passes a `helpers.tma.TensorMap` the
+    function behind `_MapLauncher`, which places the arguments where the driver expects them.
+
+    Raises:
+        UnsupportedProblem: a block larger than the compiled kernel allows.
+    """
+    out = []
+    for k in launches:
+        maps = any(isinstance(a, TensorMap) for a in k.args)
+        kern = hc.load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch,
+                           params=len(k.args) if maps else 0)
+        if k.config.threads_per_block > kern.max_threads_per_block:
+            raise UnsupportedProblem(
+                f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
+                f"allows {kern.max_threads_per_block} (registers: {kern.num_regs})"
+            )
+        out.append((k, _MapLauncher(kern.function, kern.param_offsets) if maps else kern.function))
+    return out
+
+
+@dataclass(frozen=True)
+class _MapLauncher:
+    """A pycuda function whose arguments include tensor maps (`helpers.tma.MapBytes`): each call
+    lays them out at the driver's parameter offsets (`helpers.tma.kernel_args`) first."""
+
+    function: object
+    offsets: tuple
+
+    def __call__(self, *args, **launch) -> None:
+        self.function(*kernel_args(args, self.offsets), **launch)
+
+
+def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
+    """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
+    pointer plus its ``offset`` (0 for an operand passed as None), each `helpers.tma.TensorMap`
+    the map encoded for the named tensor's address (`helpers.tma.encode`).
+
+    Raises:
+        ValueError: a launch names a buffer that is not among ``tensors`` (or is None, for a
+            map), an offset outside the tensor's bytes, or a map the driver's limits refuse.
+        RuntimeError: the driver refused to encode a map.
+    """
+    out = {}
+    for k, fn in compiled:
+        args = []
+        for a in k.args:
+            if isinstance(a, (Buffer, TensorMap)):
+                if a.name not in tensors:
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
+                                     f"{', '.join(tensors)}")
+                t = tensors[a.name]
+            if isinstance(a, TensorMap):
+                if t is None:
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
+                args.append(encode_map(a.desc, t.data_ptr()))
+            elif isinstance(a, Buffer):
+                if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
+                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
+                                     "outside the tensor")
+                args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
+            else:
+                args.append(a)
+        out[k.name] = _launcher(fn, tuple(args), k.config)
+    return out
+
+
+def prepare(
+    target: Plan | Variant | str,
+    *args,
+    out: torch.Tensor | None = None,
+    epilogue: Epilogue | None = None,
+    cache: bool = False,
+    **operands: torch.Tensor | None,
+) -> tuple[Prepared, torch.Tensor]:
+    """Validate, compile and return ``(prepared, out)``: a `Prepared` run that launches once, and
+    the output. Called as ``prepare(plan, *inputs)`` or ``prepare(variant, problem, *inputs)``.
+
+    Args:
+        target: a `helpers.variants.Plan` (its problem and epilogue are the call's), or a
+            registered name or `helpers.variants.Variant`, followed by the problem (its ``op``
+            names the tensors): the variant's plan for it is made here.
+        args: (the problem, then) the op's two inputs in `Conv2dProblem.inputs` order (fprop:
+            x, w), in the problem's layout and dtype, contiguous, on one CUDA device.
+        out: the output (fprop: y), or None to allocate one (not poisoned: see `run`).
+        epilogue: a fused `helpers.epilogue.Epilogue` (variants with ``fused_epilogue``); with a
+            plan, its own (None, or the same).
+        cache: with a variant: keep its plan for the next call with the same variant object,
+            problem, epilogue and device, so that call only checks its tensors and binds their
+            pointers (what a model's training step wants: the same layers every step). A
+            module-level knob that a variant's launches read is read when the plan is first
+            made: `clear_plans` forgets the plans.
+        operands: the epilogue operands by name (``cin``, ``bias``; the variant's ``operands``);
+            ``cin`` may be ``out`` itself (an in-place update).
+
+    Everything that can be wrong is checked before any launch, and bad tensors and unsupported
+    shapes before any GPU call, in this order: the shape (`helpers.variants.Plan.refusal` without
+    device limits), the tensors (`_check_call`, on every call), this GPU's limits and build target,
+    the current stream; then the kernels are built (once per plan and GPU) and bound.
+
+    Raises:
+        TypeError, ValueError: see `check_tensors` and `check_operands`; ValueError also for
+            operands or an epilogue the variant does not take, an output that overlaps an input
+            or operand, tensors the variant's ``tensor_check_fn`` refuses (e.g. a misaligned
+            pointer), and a plan given another epilogue.
+        UnsupportedProblem: the variant does not handle ``problem``, or not on this GPU.
+        RuntimeError: torch's current stream is not the default stream.
+        NoGPUError: no GPU or no pycuda.
+    """
+    if epilogue is not None and not isinstance(epilogue, Epilogue):
+        raise TypeError(f"epilogue must be a helpers.epilogue.Epilogue; got {type(epilogue).__name__}")
+    if isinstance(target, Plan):
+        plan, inputs = target, args
+        if epilogue is not None and epilogue != plan.epilogue:
+            raise ValueError(f"the plan was made for {plan.epilogue}; got epilogue={epilogue}: make a plan for it")
+    else:
+        if not args or not isinstance(args[0], Conv2dProblem):
+            raise TypeError("prepare(variant, problem, *inputs): the problem must follow the variant")
+        v, (problem, *inputs) = get(target), args
+        epilogue = PLAIN if epilogue is None else epilogue
+        plan = _cached_plan(v, problem, epilogue) if cache else v.plan(problem, epilogue)
+    bad = [nm for nm in operands if nm not in OPERANDS]
+    if bad:
+        raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")
+    problem, v = plan.problem, plan.variant
+    reason = plan.refusal(smem_limit=2**31)  # shape-level reasons first, before any GPU call
+    if reason:
+        raise UnsupportedProblem(reason)
+    _check_call(plan, tuple(inputs), out, operands)
+    info = gpu.device_info()
+    reason = plan.refusal(smem_limit=info.smem_per_block_optin, cc=info.cc)
+    if reason:
+        raise UnsupportedProblem(reason)
+    device = inputs[0].device
+    _check_stream(device)
+    kernels = compiled(plan, device, v.target(info.cc))
+    if out is None:
+        out = torch.empty(problem.tensor_shape(problem.output), dtype=problem.torch_dtype, device=device)
+    nbytes = plan.workspace_bytes
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+    tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, "workspace": workspace,
+               **{nm: None for nm in v.operands}, **operands}
+    return Prepared(plan, bind(kernels, tensors), workspace, tensors), out
+
+
+def run(
+    target: Plan | Variant | str,
+    *args,
+    out: torch.Tensor | None = None,
+    poison: bool = True,
+    epilogue: Epilogue | None = None,
+    **operands: torch.Tensor | None,
+) -> torch.Tensor:
+    """Run once on the op's inputs and return the output (fprop: y): ``run(plan, *inputs)`` or
+    ``run(variant, problem, *inputs)`` (fprop inputs: x, w), as `prepare` takes them.
+
+    The output (allocated if not given) is filled with NaN first when ``poison`` is set, so an
+    element the kernel never writes shows up as NaN (not with an in-place ``cin``: that is the
+    output's old value, whichever view of it is passed). Synchronises and raises on a kernel fault.
+
+    Shapes: `Conv2dProblem.tensor_shape` of each (fprop: x ``x_shape``, w ``w_shape``, y ``y_shape``).
+
+    Raises:
+        see `prepare`; ``pycuda.driver.LaunchError`` / ``RuntimeError`` on a fault in the kernel.
+    """
+    prepared, out = prepare(target, *args, out=out, epilogue=epilogue, **operands)
+    cin = operands.get("cin")
+    in_place = cin is not None and _byte_range(cin) == _byte_range(out)  # any view of out's own memory
+    if poison and not in_place:
+        out.fill_(float("nan"))
+    prepared()
+    torch.cuda.synchronize()
+    return out
