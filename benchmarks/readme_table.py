@@ -134,7 +134,7 @@ def notebook_costs(results_dir: Path = RESULTS) -> dict[int, dict]:
     """Per day, the newest measured run of its notebook (``results/<gpu>/notebooks.csv``, written
     by ``python -m benchmarks.notebooks``): {day: {"minutes", "peak_gpu_mib", "gpu"}}."""
     out: dict[int, dict] = {}
-    for csv in sorted(results_dir.glob("*/notebooks.csv")):
+    for csv in sorted(results_dir.glob(f"*/{NOTEBOOKS_CSV}")):
         df = pd.read_csv(csv)
         for r in df.itertuples():
             if r.day not in out or str(r.date) > out[r.day]["date"]:
@@ -174,7 +174,9 @@ def curriculum_table(nb_dir: Path = NOTEBOOKS, registered: dict[int, list[str]] 
         lines[:2] = ["| day | notebook | idea | GPU | variants |", "|---|---|---|---|---|"]
     measured = sorted({c["gpu"] for c in costs.values()})
     note = (f"Run time and peak GPU memory: the notebook executed with `QUICK = True` on {', '.join(measured)} "
-            "(`python -m benchmarks.notebooks`, which measures both); a laptop GPU takes longer."
+            "(`python -m benchmarks.notebooks`, which measures both), a first run on a fresh machine with its "
+            "kernel builds; peak memory is the CUDA context plus torch's peak reserved memory (what its caching "
+            "allocator held, which can exceed what the day needs at once); a laptop GPU takes longer."
             if measured else "GPU: the oldest GPU the day's kernels build for (sm_75: Turing, sm_80: Ampere, "
             "sm_90a: Hopper only). Each notebook's run time and peak GPU memory join this table when the notebooks "
             "are next executed (`python -m benchmarks.notebooks` measures both).")
@@ -361,6 +363,7 @@ def results_table(csv: Path) -> str:
 
 
 TUNE_PREFIX = "tune_"  # python -m benchmarks.tune's CSVs (and ``*_sweep.csv``, its exhaustive sweeps)
+NOTEBOOKS_CSV = "notebooks.csv"  # python -m benchmarks.notebooks's run times and memory: the day table's, not a suite
 
 
 def tuning_table(gpu_dir: Path) -> str:
@@ -395,7 +398,8 @@ def tuning_table(gpu_dir: Path) -> str:
 def results_section(results_dir: Path = RESULTS) -> str:
     """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
     tuning runs (`tuning_table`); or `NO_RESULTS`."""
-    csvs = sorted((p for p in results_dir.glob("*/*.csv") if not p.name.startswith(TUNE_PREFIX)),
+    csvs = sorted((p for p in results_dir.glob("*/*.csv")
+                   if not p.name.startswith(TUNE_PREFIX) and p.name != NOTEBOOKS_CSV),
                   key=lambda p: (p.parent.name, _csv_key(p)))
     tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
     if not csvs and not tuning:

@@ -276,8 +276,8 @@ def group_rows(p: Conv2dProblem) -> int:
 
 def _properties():
     """torch's properties of the kernels' device (`helpers.gpu.context_device`), or None without a
-    GPU. Read through torch, not pycuda: `supports` runs before `helpers.launch.prepare`'s tensor
-    checks and must not initialise pycuda's context (`helpers.variants._make_static`)."""
+    GPU. Read through torch, not pycuda: a plan is made before `helpers.launch.prepare`'s tensor
+    checks and must not initialise pycuda's context."""
     if not gpu.has_gpu():
         return None
     return torch.cuda.get_device_properties(gpu.context_device().index)

@@ -181,12 +181,13 @@ def clear_plans() -> None:
     _plans.clear()
 
 
-def _cached_plan(v: Variant, problem: Conv2dProblem, epilogue: Epilogue) -> Plan:
-    """The plan `prepare(..., cache=True)` kept for (v, problem, epilogue), made now if none."""
-    key = (id(v), problem, epilogue)
+def _cached_plan(v: Variant, problem: Conv2dProblem, epilogue: Epilogue, config: object = None) -> Plan:
+    """The plan `prepare(..., cache=True)` kept for (v, problem, epilogue[, a configuration the
+    variant's review chose]), made now if none."""
+    key = (id(v), problem, epilogue) if config is None else (id(v), problem, epilogue, "review", config)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = v.plan(problem, epilogue)
+        plan = _plans[key] = v.plan(problem, epilogue, config)
         while len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
     else:
@@ -332,9 +333,11 @@ def prepare(
             ``cin`` may be ``out`` itself (an in-place update).
 
     Everything that can be wrong is checked before any launch, and bad tensors and unsupported
-    shapes before any GPU call, in this order: the shape (`helpers.variants.Plan.refusal` without
-    device limits), the tensors (`_check_call`, on every call), this GPU's limits and build target,
-    the current stream; then the kernels are built (once per plan and GPU) and bound.
+    shapes before any GPU call, in this order: the shape (the plan's ``reason``), the tensors
+    (`_check_call`, on every call), the variant's ``review_fn`` if it has one (which may answer
+    with another configuration, whose plan is checked the same way), the launches' own limits,
+    this GPU's limits and build target, the current stream; then the kernels are built (once
+    per plan and GPU) and bound.
 
     Raises:
         TypeError, ValueError: see `check_tensors` and `check_operands`; ValueError also for
@@ -361,10 +364,19 @@ def prepare(
     if bad:
         raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")
     problem, v = plan.problem, plan.variant
-    reason = plan.refusal(smem_limit=2**31)  # shape-level reasons first, before any GPU call
+    if plan.reason:  # shape-level reasons first, before any GPU call
+        raise UnsupportedProblem(plan.reason)
+    _check_call(plan, tuple(inputs), out, operands)
+    if v.review_fn is not None:  # e.g. the tuned variant checks a cached choice once (with a GPU)
+        config = v.review_fn(problem, plan.config)
+        if config is not plan.config and config != plan.config:
+            plan = _cached_plan(v, problem, plan.epilogue, config) if cache else v.plan(problem, plan.epilogue, config)
+            if plan.reason:
+                raise UnsupportedProblem(plan.reason)
+            _check_call(plan, tuple(inputs), out, operands)
+    reason = plan.refusal(smem_limit=2**31)  # the launches' own limits, still before any GPU call
     if reason:
         raise UnsupportedProblem(reason)
-    _check_call(plan, tuple(inputs), out, operands)
     info = gpu.device_info()
     reason = plan.refusal(smem_limit=info.smem_per_block_optin, cc=info.cc)
     if reason:

@@ -143,6 +143,10 @@ class Variant:
     # on a capped grid), for runs that must see them all (``python -m benchmarks.smoke --configs``
     # under the sanitizers); None: it has one.
     configs_fn: Callable[[], list[Variant]] | None = None
+    # Called by `helpers.launch.prepare` after the tensor checks, before anything is built:
+    # (problem, config) -> the configuration to run instead (the tuned variant checks a cached
+    # choice once, with a GPU, and answers with the rule's where it fails); None: no review.
+    review_fn: Callable[[Conv2dProblem, object], object] | None = None
 
     # ---- what it takes ----------------------------------------------------------------------
     def build_reason(self, cc: tuple[int, int]) -> str | None:
@@ -186,30 +190,18 @@ class Variant:
                 return f"{self.name}: {nm} = {val} does not fit the kernels' int32 arguments (at most {INT32_MAX})"
         return None
 
-    def plan(self, problem: Conv2dProblem, epilogue: Epilogue = PLAIN) -> Plan:
-        """This variant's `Plan` for ``problem`` with ``epilogue``: its configuration
-        (``config_fn``, once), then ``supports_fn``, and for a problem it supports its launches
-        (``launches_fn``) and workspace (``workspace_fn``), each asked once. No GPU call.
-
-        Raises:
-            ValueError: launch names that are not unique, or none; a kernel that passes the
-                workspace while ``workspace_fn`` gives no bytes.
+    def plan(self, problem: Conv2dProblem, epilogue: Epilogue = PLAIN, config: object = None) -> Plan:
+        """This variant's `Plan` for ``problem`` with ``epilogue``: its configuration (``config``
+        if given, else ``config_fn``, once) and ``supports_fn``'s verdict; the launches and the
+        workspace are asked for once, when first needed (`Plan.launches`). No GPU call.
         """
-        reason, config = self.claim_reason(problem), None
+        reason = self.claim_reason(problem)
+        if reason is None and config is None and self.config_fn is not None:
+            config = self.config_fn(problem)
         if reason is None:
-            config = self.config_fn(problem) if self.config_fn is not None else None
             why = self.ask(self.supports_fn, problem, config=config)
             reason = f"{self.name}: {why}" if why else None
-        if reason is not None:
-            return Plan(self, problem, epilogue, config, reason)
-        launches = tuple(self.ask(self.launches_fn, problem, epilogue, config=config))
-        names = [k.name for k in launches]
-        if not launches or len(set(names)) != len(names):
-            raise ValueError(f"{self.name}: launch names must be unique and at least one; got {names}")
-        nbytes = int(self.ask(self.workspace_fn, problem, config=config)) if self.workspace_fn else 0
-        if nbytes <= 0 and any(isinstance(a, Buffer) and a.name == "workspace" for k in launches for a in k.args):
-            raise ValueError(f"{self.name}: a kernel passes the workspace, but workspace_fn gives {nbytes} bytes")
-        return Plan(self, problem, epilogue, config, None, launches, max(nbytes, 0))
+        return Plan(self, problem, epilogue, config, reason)
 
     def supports(
         self, problem: Conv2dProblem, smem_limit: int | None = None, cc: tuple[int, int] | None = None
@@ -232,12 +224,9 @@ class Variant:
 
     # ---- one plan's answers, for a problem the variant supports --------------------------------
     def launches(self, problem: Conv2dProblem, epilogue: Epilogue = PLAIN) -> list[KernelLaunch]:
-        """The kernel launches of one run, in order (see `KernelLaunch`).
-
-        Raises:
-            UnsupportedProblem: the variant does not handle ``problem`` (the reason).
-        """
-        return list(self.plan(problem, epilogue).supported().launches)
+        """The kernel launches of one run, in order (see `KernelLaunch`), as the variant's
+        ``launches_fn`` gives them (also for a problem it refuses: check `supports` first)."""
+        return list(self.plan(problem, epilogue).launches)
 
     def launch(self, problem: Conv2dProblem) -> LaunchConfig:
         """The launch configuration of the kernel that writes the output (the last one)."""
@@ -262,11 +251,11 @@ class Variant:
 
     def covers(self, problem: Conv2dProblem) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) predicted by the Python model."""
-        return self.plan(problem).supported().covers()
+        return self.plan(problem).covers()
 
     def workspace_bytes(self, problem: Conv2dProblem) -> int:
         """Bytes of scratch memory one run needs (0 without ``workspace_fn``)."""
-        return self.plan(problem).supported().workspace_bytes
+        return self.plan(problem).workspace_bytes
 
     def with_output_launch(self, change: Callable[[LaunchConfig], LaunchConfig], name: str) -> Variant:
         """An unregistered copy named ``name`` whose output-writing launch runs with
@@ -284,13 +273,13 @@ class Variant:
 @dataclass(eq=False)
 class Plan:
     """One variant's plan for one problem and epilogue (`Variant.plan`): what the variant decided,
-    asked once, and what the harness builds from it.
+    each of its functions asked once, and what the harness builds from it.
 
     ``config`` is the variant's configuration (None without a ``config_fn``); ``reason`` is None
-    when the variant handles the problem's shape, else why not, and then ``launches`` is empty;
-    ``launches`` are the kernel launches of one run, in order, the last writing the output;
-    ``workspace_bytes`` the scratch one run needs. ``compiled`` holds the built kernels by
-    (device, arch, source hash), filled by `helpers.launch.prepare`.
+    when the variant handles the problem's shape, else why not. `launches` (the kernel launches
+    of one run, in order, the last writing the output) and `workspace_bytes` (the scratch one run
+    needs) are asked for on first use and kept. ``compiled`` holds the built kernels by (device,
+    arch, source hash), filled by `helpers.launch.prepare`.
     """
 
     variant: Variant
@@ -298,9 +287,49 @@ class Plan:
     epilogue: Epilogue
     config: object
     reason: str | None
-    launches: tuple[KernelLaunch, ...] = ()
-    workspace_bytes: int = 0
     compiled: dict = field(default_factory=dict, repr=False)
+    _launches: tuple | None = field(default=None, repr=False)
+    _workspace: int | None = field(default=None, repr=False)
+
+    def ask(self, fn: Callable, *args):
+        """``fn(problem, *args[, config])``: one of the variant's functions, about this plan's problem."""
+        config = self.config
+        if config is None and self.variant.config_fn is not None:  # a refused claim: not decided yet
+            config = self.config = self.variant.config_fn(self.problem)
+        return self.variant.ask(fn, self.problem, *args, config=config)
+
+    @property
+    def launches(self) -> tuple[KernelLaunch, ...]:
+        """The variant's ``launches_fn`` for this plan, asked once (for a refused problem too:
+        what the function gives, or raises).
+
+        Raises:
+            ValueError: launch names that are not unique, or none.
+        """
+        if self._launches is None:
+            ks = tuple(self.ask(self.variant.launches_fn, self.epilogue))
+            names = [k.name for k in ks]
+            if not ks or len(set(names)) != len(names):
+                raise ValueError(f"{self.variant.name}: launch names must be unique and at least one; got {names}")
+            self._launches = ks
+        return self._launches
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of scratch memory one run needs (0 without ``workspace_fn``), asked once.
+
+        Raises:
+            ValueError: a kernel passes the workspace while ``workspace_fn`` gives no bytes.
+        """
+        if self._workspace is None:
+            fn = self.variant.workspace_fn
+            nbytes = int(self.ask(fn)) if fn is not None else 0
+            if nbytes <= 0 and any(isinstance(a, Buffer) and a.name == "workspace"
+                                   for k in self.launches for a in k.args):
+                raise ValueError(f"{self.variant.name}: a kernel passes the workspace, but workspace_fn gives "
+                                 f"{nbytes} bytes")
+            self._workspace = max(nbytes, 0)
+        return self._workspace
 
     def refusal(self, smem_limit: int | None = None, cc: tuple[int, int] | None = None) -> str | None:
         """None if the plan runs, else why not: ``reason``, then each launch's block, grid and
@@ -329,25 +358,11 @@ class Plan:
                         f"{assumed}")
         return self.variant.build_reason(cc) if cc is not None else None
 
-    def supported(self) -> Plan:
-        """The plan itself if the variant handles its problem's shape.
-
-        Raises:
-            UnsupportedProblem: ``reason``.
-        """
-        if self.reason is not None:
-            raise UnsupportedProblem(self.reason)
-        return self
-
-    def ask(self, fn: Callable, *args):
-        """``fn(problem, *args[, config])``: one of the variant's functions, about this plan's problem."""
-        return self.variant.ask(fn, self.problem, *args, config=self.config)
-
     def covers(self, launch: LaunchConfig | None = None) -> np.ndarray:
         """Writes per output element (flat, in the problem's layout) of the last launch, by the
         variant's Python model (``covers_fn``); ``launch``: that launch's configuration changed
         (e.g. a capped grid), by default the plan's."""
-        return self.ask(self.variant.covers_fn, launch or self.supported().launches[-1].config)
+        return self.ask(self.variant.covers_fn, launch or self.launches[-1].config)
 
     def tensor_reason(self, tensors: dict) -> str | None:
         """None if the variant's ``tensor_check_fn`` (if any) takes ``tensors`` ({name: tensor or

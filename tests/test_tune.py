@@ -20,6 +20,7 @@ from days.day14_backward.wgrad import tiles as wgrad_tiles
 from helpers import compile as hc
 from helpers import gpu
 from helpers import tune as ht
+from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
 from helpers.suites import suite
 from helpers.tune import search as hts
@@ -182,9 +183,10 @@ def test_a_damaged_cache_falls_back_to_the_rule_with_one_warning(tmp_path, text,
 def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_path, monkeypatch):
     """A cached configuration the space cannot build (a ValueError from `tuned.supports` before)
     runs the rule with a warning naming the file. With a GPU, a cached choice is checked with
-    `helpers.check.check` once per (problem, choice), when a plan is first made for it (without
-    one nothing is checked: nothing runs); one that fails runs the rule, one whose check raises
-    runs the rule in that plan and is checked again by the next."""
+    `helpers.check.check` once per (problem, choice), by the variant's review when `prepare`
+    first runs it, after the tensor checks (planning it, `supports` included, launches nothing);
+    one that fails runs the rule, one whose check raises runs the rule for that call and is checked
+    again on the next."""
     base = get("igemm_production")
     cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
     cache.store(base, P1, entry("no_such_tile_sw9"))
@@ -194,10 +196,9 @@ def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_pa
     assert v.launches(P1)[0].entry == base.launches(P1)[0].entry
 
     cfg, tuned_entry = "128x256x32_w2x4_s3_b1_sw2", "igemm_production_128x256x32_w2x4_s3_b1_optimized_fp16"
+    rule_entry = base.launches(P2)[0].entry
     cache.store(base, P2, entry(cfg))
     checked = []
-    v = ht.tuned(base, cache)
-    assert v.plan(P2).config.alone and v.launches(P2)[0].entry == tuned_entry and not checked  # no GPU: no check
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
     for verdict in ("pass", "fail", "raise"):
         def check(plan, verdict=verdict):
@@ -209,21 +210,27 @@ def test_an_unknown_or_failing_cached_choice_runs_the_rule_with_a_warning(tmp_pa
         monkeypatch.setattr(hts, "check", check)
         checked.clear()
         v = ht.tuned(base, cache)
+        plan = v.plan(P2)
+        assert v.supports(P2, smem_limit=227 * 1024) is None and plan.launches[0].entry == tuned_entry
+        assert not checked  # planning launches nothing
+        with pytest.raises(ValueError, match="kernels need CUDA tensors"):
+            prepare(v, P2, *P2.make_inputs())  # bad tensors: refused before the review's check
+        assert not checked
+
+        def review(v=v):
+            return v.plan(P2, config=v.review_fn(P2, v.plan(P2).config)).launches[0].entry
+
         if verdict == "pass":
-            for _ in range(3):
-                assert v.supports(P2, smem_limit=227 * 1024) is None
-                assert v.launches(P2)[0].entry == tuned_entry
+            assert [review() for _ in range(3)] == [tuned_entry] * 3
             assert len(checked) == 1 and cfg in checked[0]  # once per problem and choice
         elif verdict == "fail":
             with pytest.warns(ht.TuneCacheWarning, match="failed the check"):
-                plan = v.plan(P2)
-            assert plan.launches[0].entry == base.launches(P2)[0].entry
-            assert v.launches(P2)[0].entry == base.launches(P2)[0].entry and len(checked) == 1
+                assert review() == rule_entry
+            assert review() == rule_entry and v.launches(P2)[0].entry == rule_entry and len(checked) == 1
         else:
             with pytest.warns(ht.TuneCacheWarning, match="raised RuntimeError"):
-                plan = v.plan(P2)
-            assert plan.launches[0].entry == base.launches(P2)[0].entry  # the rule, in that plan
-            assert v.launches(P2)[0].entry == tuned_entry and len(checked) == 2  # checked again: passes now
+                assert review() == rule_entry  # the rule, for that call
+            assert review() == tuned_entry and len(checked) == 2  # checked again: passes now
 
 
 def test_a_winner_that_fails_the_full_check_is_replaced_and_a_wrong_rule_is_reported(monkeypatch, tmp_path):
@@ -680,7 +687,9 @@ def test_a_choice_this_process_tuned_is_not_checked_again(monkeypatch, tmp_path)
     monkeypatch.setattr(hts, "check", lambda plan: checked.append(plan.variant.name) or SimpleNamespace(ok=True,
                                                                                                      reason=""))
     monkeypatch.setattr(gpu, "has_gpu", lambda: True)
-    ht.tuned("igemm_production", cache).plan(P1)
+    t = ht.tuned("igemm_production", cache)
+    t.review_fn(P1, t.plan(P1).config)
     assert cache.checked(get("igemm_production"), P1, row["config"]) and checked == []
-    ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV)).plan(P1)
+    t = ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV))
+    t.review_fn(P1, t.plan(P1).config)
     assert len(checked) == 1 and row["config"] in checked[0]

@@ -626,3 +626,24 @@ def test_one_benchmark_row_asks_the_variant_once(stand_in_gpu, monkeypatch):
     assert asked == {"config": 2, "launches": 2}  # once per row
     runs = 2 * 2 + 1  # two checked runs of each input kind (normal, int), then the timed one
     assert len(calls) == runs * sum(len(base.launches(p)) for p in problems)
+
+
+def test_prepare_runs_the_configuration_the_review_answers_with(stand_in_gpu):
+    """A variant's ``review_fn`` runs after the tensor checks and may answer with another
+    configuration: `prepare` then builds and binds that configuration's plan (the tuned variant
+    falls back to the rule's this way); a review that keeps the configuration keeps the plan."""
+    calls, built = stand_in_gpu
+    base = get("igemm_wgmma")
+    p = Conv2dProblem(N=2, C=64, H=14, W=14, K=128, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    x, w = p.make_inputs()
+    rule = base.plan(p).config
+    other = next(c for c in base.configs_fn() if c.config_fn(p).name != rule.name).config_fn(p)
+    seen = []
+    v = replace(base, name="wgmma[reviewed]", review_fn=lambda q, cfg: seen.append(cfg) or other)
+    prepared, _ = prepare(v, p, x, w)
+    assert seen == [rule] and prepared.plan.config == other
+    assert [b[1] for b in built] == [k.entry for k in base.plan(p, config=other).launches]
+    kept = replace(base, name="wgmma[kept]", review_fn=lambda q, cfg: cfg)
+    assert prepare(kept, p, x, w)[0].plan.config == rule
+    with pytest.raises(ValueError, match="x must have shape"):  # the tensors are checked before the review
+        prepare(replace(v, review_fn=lambda q, cfg: pytest.fail("reviewed before the tensor checks")), p, x[:1], w)

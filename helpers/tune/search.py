@@ -406,47 +406,58 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
     that answers, per problem, with the configuration ``cache`` holds for it, and with the
     variant's own rule where it holds none.
 
-    A cached choice is trusted once it has passed `helpers.check.check` on the problem: with a GPU
-    present, the first plan made for a (problem, choice) in a process checks it (on its own
-    seeded inputs); without one the choice is planned unchecked (nothing launches). A choice that
-    fails the check, that the space cannot build (an unknown configuration name) or that the
-    variant refuses is replaced by the rule's, with one `TuneCacheWarning` naming the cache file;
-    a check that raises (e.g. out of memory) is not remembered: that plan takes the rule's and the
-    next plan checks again. A choice this process's tuner stored is not checked again
-    (`TuneCache.checked`: `measure` passed it through `check_winner` before storing it)."""
+    A cached choice is trusted once it has passed `helpers.check.check` on the problem, run by
+    the variant's ``review_fn`` when `helpers.launch.prepare` first runs the (problem, choice)
+    with a GPU present, after the tensor checks (planning it, `supports` included, launches
+    nothing). A choice that fails the check, that the space cannot build (an unknown
+    configuration name) or that the variant refuses is replaced by the rule's, with one
+    `TuneCacheWarning` naming the cache file; a check that raises (e.g. out of memory) is not
+    remembered: that call runs the rule's and the next call checks again. A choice this process's
+    tuner stored is not checked again (`TuneCache.checked`: `measure` passed it through
+    `check_winner` before storing it)."""
     space = space_of(variant)
     base = get(space.variant)
     cache = cache or TuneCache()
     verdicts: dict = {}  # (problem, configuration name) -> the configuration that runs it, once decided
 
-    def config_fn(p: Conv2dProblem):
-        rule = base.config_fn(p)
-        hit = cache.lookup(base, p)
-        if not hit:
-            return rule
-        key, name = (p, hit["config"]), hit["config"]
-        if key in verdicts:
-            return verdicts[key]
+    def hit(p: Conv2dProblem):
+        """(the cached choice's name, its plan) or (None, None); a choice that cannot run ``p`` is
+        decided here (the rule's, one warning)."""
+        entry = cache.lookup(base, p)
+        if not entry:
+            return None, None
+        name = entry["config"]
+        if (p, name) in verdicts:
+            return name, None
         plan, reason = _cached_plan(space, p, name)
         if reason is not None:
-            verdicts[key] = _refuse(base, p, name, reason, cache.path, rule)
+            verdicts[p, name] = _refuse(base, p, name, reason, cache.path, base.config_fn(p))
         elif cache.checked(base, p, name):  # this process's own tuner checked it before caching it
-            verdicts[key] = plan.config
-        elif gpu.has_gpu():
-            try:
-                r = check(plan)
-            except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next plan retries
-                _warn(f"tune cache {cache.path}: checking the choice {name!r} of {base.name} for {p.name} "
-                      f"raised {type(e).__name__}: {e}; the rule's runs for this plan")
-                return rule
-            verdicts[key] = plan.config if r.ok else _refuse(base, p, name, f"failed the check ({r.reason})",
-                                                             cache.path, rule)
-        else:
-            return plan.config  # not checked: no GPU, nothing runs; a plan made with one checks it
-        return verdicts[key]
+            verdicts[p, name] = plan.config
+        return name, plan
+
+    def config_fn(p: Conv2dProblem):
+        name, plan = hit(p)
+        if name is None:
+            return base.config_fn(p)
+        return verdicts[p, name] if (p, name) in verdicts else plan.config  # not checked yet: review_fn does
+
+    def review_fn(p: Conv2dProblem, config):
+        name, plan = hit(p)
+        if name is None or (p, name) in verdicts or not gpu.has_gpu() or config != plan.config:
+            return verdicts.get((p, name), config)
+        try:
+            r = check(plan)
+        except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
+            _warn(f"tune cache {cache.path}: checking the choice {name!r} of {base.name} for {p.name} "
+                  f"raised {type(e).__name__}: {e}; the rule's runs for this call")
+            return base.config_fn(p)
+        verdicts[p, name] = plan.config if r.ok else _refuse(base, p, name, f"failed the check ({r.reason})",
+                                                             cache.path, base.config_fn(p))
+        return verdicts[p, name]
 
     return dataclasses.replace(base, name=f"{base.name}_tuned", summary=f"{base.summary} (tuned per problem: "
-                               f"{cache.path})", config_fn=config_fn)
+                               f"{cache.path})", config_fn=config_fn, review_fn=review_fn)
 
 
 def _cached_plan(space: Space, p: Conv2dProblem, config: str) -> tuple[Plan | None, str | None]:
