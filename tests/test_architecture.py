@@ -512,6 +512,7 @@ def test_an_installed_copy_imports_every_day(tmp_path):
     kernels shipped beside them) gives a copy whose every day registers its variants from the
     installed files, not from this checkout (day 14's package was left out of the hand-made list)."""
     import shutil
+    import site
     import subprocess
     import sys
     import venv
@@ -520,7 +521,12 @@ def test_an_installed_copy_imports_every_day(tmp_path):
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".whl", "build", "*.egg-info", "out",
                                                               "__pycache__", "notebooks", "results"))
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True)  # torch, pip and setuptools from this environment
+    venv.create(env_dir)
+    # torch, pip and setuptools from the environment running the tests: its site-packages after the
+    # new one's. (system_site_packages would give the base interpreter's, which inside a venv, as
+    # the README's setup runs the tests, lacks them on a stock machine.)
+    (site_dir,) = (env_dir / "lib").glob("python3*/site-packages")
+    (site_dir / "parent_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     py = env_dir / "bin" / "python"
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(src)],
                        capture_output=True, text=True, timeout=600)
