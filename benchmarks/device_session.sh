@@ -30,12 +30,22 @@ mkdir -p "$out"
 status=0
 export PYTHONUNBUFFERED=1
 
+# Every step of a part ends by the part's deadline (PART_LIMIT seconds from the start, default
+# 540: a device call is cut at 600 s, and a call cut short returns no files), so the part always
+# packs what it has: a step cut by the deadline exits 124, a step after it does not run.
+deadline=$((SECONDS + ${PART_LIMIT:-540}))
+
 step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember a failure
   local name=$1
   shift
   echo "== $name: $*"
-  local t0=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
+  local t0=$SECONDS left=$((deadline - SECONDS))
+  if [ $left -le 5 ]; then
+    echo "   skipped: the part's deadline (PART_LIMIT) has passed" | tee "$out/$name.log"
+    status=1
+    return
+  fi
+  timeout "$left" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0)) s (log: $out/$name.log)"
   tail -n 3 "$out/$name.log"

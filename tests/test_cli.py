@@ -307,6 +307,17 @@ def test_device_session_script_parses_and_refuses_an_unknown_part(tmp_path: Path
     assert r.returncode == 2 and "unknown part nope" in r.stderr
 
 
+def test_device_session_parts_pack_what_they_have_by_their_deadline(tmp_path: Path):
+    """A part whose deadline (PART_LIMIT) has passed runs no more steps but still packs its
+    tarball and exits 1 (a device call cut at its limit returns no files at all)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_session.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PART_LIMIT": "3"}
+    r = subprocess.run(["bash", str(script), "tests", "tests/test_cli.py"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 1 and "skipped: the part's deadline" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "tests.tar.gz").is_file() and (tmp_path / "pytest.log").is_file()
+
+
 def test_notebooks_record_run_time_and_peak_memory(tmp_path: Path):
     """A notebook that ran is saved without the measuring cell, and its wall time and peak GPU
     memory (0 on a machine without one) go to results/<gpu>/notebooks.csv, one row per notebook."""
