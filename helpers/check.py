@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .epilogue import PLAIN, Epilogue, operand_shape
+from .epilogue import Epilogue, operand_shape
 from .launch import prepare
 from .problem import Conv2dProblem
 from .reference import (
@@ -26,20 +26,7 @@ from .reference import (
     judge,
     reference_epilogue,
 )
-from .variants import Plan, get
-
-
-def _plan(target, problem: Conv2dProblem | None, epilogue: Epilogue = PLAIN) -> Plan:
-    """The plan a check runs: ``target`` itself, or the variant's plan for ``problem``."""
-    if isinstance(target, Plan):
-        if problem is not None and problem != target.problem:
-            raise ValueError(f"the plan is for {target.problem.name}; got problem {problem.name}")
-        if epilogue != target.epilogue:
-            raise ValueError(f"the plan was made for {target.epilogue}; this check runs {epilogue}")
-        return target
-    if problem is None:
-        raise TypeError("check(variant, problem): a variant needs the problem (or pass its plan)")
-    return get(target).plan(problem, epilogue)
+from .variants import Plan, as_plan
 
 
 def check(
@@ -77,7 +64,7 @@ def check(
     Raises:
         UnsupportedProblem, TypeError, ValueError: from `helpers.launch.prepare`, before any launch.
     """
-    plan = _plan(target, problem)
+    plan = as_plan(target, problem)
     if kind is not None:
         return _check_kind(plan, kind, seed, accum, device)
     kinds = ["normal"] + (["int"] if plan.problem.supports_kind("int") is None else [])
@@ -159,7 +146,7 @@ def check_epilogue(
     """
     if in_place and not with_cin:
         raise ValueError("in_place=True passes y as Cin: it needs with_cin=True")
-    plan = _plan(target, problem, epilogue)
+    plan = as_plan(target, problem, epilogue)
     v, problem = plan.variant, plan.problem
     accum = accum or v.accum
     x, w = problem.make_inputs(device="cuda", kind=kind, seed=seed)

@@ -24,7 +24,7 @@ from .epilogue import OPERANDS, PLAIN, Epilogue, check_scalars, operand_shape
 from .problem import Conv2dProblem
 from .tma import TensorMap, kernel_args
 from .tma import encode as encode_map
-from .variants import Buffer, KernelLaunch, LaunchConfig, Plan, UnsupportedProblem, Variant, get
+from .variants import Buffer, KernelLaunch, LaunchConfig, Plan, UnsupportedProblem, Variant, as_plan, get
 
 # ---- validation ------------------------------------------------------------------------------
 
@@ -351,15 +351,11 @@ def prepare(
     if epilogue is not None and not isinstance(epilogue, Epilogue):
         raise TypeError(f"epilogue must be a helpers.epilogue.Epilogue; got {type(epilogue).__name__}")
     if isinstance(target, Plan):
-        plan, inputs = target, args
-        if epilogue is not None and epilogue != plan.epilogue:
-            raise ValueError(f"the plan was made for {plan.epilogue}; got epilogue={epilogue}: make a plan for it")
+        plan, inputs = as_plan(target, epilogue=epilogue), args
+    elif cache and args and isinstance(args[0], Conv2dProblem):
+        plan, inputs = _cached_plan(get(target), args[0], PLAIN if epilogue is None else epilogue), args[1:]
     else:
-        if not args or not isinstance(args[0], Conv2dProblem):
-            raise TypeError("prepare(variant, problem, *inputs): the problem must follow the variant")
-        v, (problem, *inputs) = get(target), args
-        epilogue = PLAIN if epilogue is None else epilogue
-        plan = _cached_plan(v, problem, epilogue) if cache else v.plan(problem, epilogue)
+        plan, inputs = as_plan(target, args[0] if args else None, epilogue), args[1:]
     bad = [nm for nm in operands if nm not in OPERANDS]
     if bad:
         raise TypeError(f"prepare got unknown operands {bad}; epilogue operands are: {', '.join(OPERANDS)}")

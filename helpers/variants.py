@@ -414,6 +414,28 @@ def get(name: str | Variant) -> Variant:
         raise KeyError(f"no variant {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
+def as_plan(target: Plan | Variant | str, problem: Conv2dProblem | None = None,
+            epilogue: Epilogue | None = None) -> Plan:
+    """The plan a call runs: ``target`` itself when it is a `Plan` (a ``problem`` or ``epilogue``
+    given too must be its own), else the variant's (``get(target)``) plan for ``problem`` with
+    ``epilogue`` (default: plain).
+
+    Raises:
+        TypeError: a variant without a problem.
+        ValueError: a plan with another problem or epilogue than the ones given.
+        KeyError: an unknown variant name.
+    """
+    if isinstance(target, Plan):
+        if problem is not None and problem != target.problem:
+            raise ValueError(f"the plan is for {target.problem.name}; got problem {problem.name}")
+        if epilogue is not None and epilogue != target.epilogue:
+            raise ValueError(f"the plan was made for {target.epilogue}; got epilogue={epilogue}: make a plan for it")
+        return target
+    if not isinstance(problem, Conv2dProblem):
+        raise TypeError("a variant needs the problem that follows it (or pass its plan)")
+    return get(target).plan(problem, PLAIN if epilogue is None else epilogue)
+
+
 def all_variants(max_day: int | None = None) -> list[Variant]:
     """Every registered variant (up to ``max_day``), in curriculum order."""
     _load_days()

@@ -647,3 +647,27 @@ def test_prepare_runs_the_configuration_the_review_answers_with(stand_in_gpu):
     assert prepare(kept, p, x, w)[0].plan.config == rule
     with pytest.raises(ValueError, match="x must have shape"):  # the tensors are checked before the review
         prepare(replace(v, review_fn=lambda q, cfg: pytest.fail("reviewed before the tensor checks")), p, x[:1], w)
+
+
+def test_a_plan_and_a_call_that_disagree_are_refused_before_any_gpu_call(no_gpu):
+    """A plan carries its problem and epilogue: `prepare`, `run` and `check` refuse a plan given
+    another epilogue or problem, and a variant given no problem, with the reason (no GPU touched)."""
+    from helpers.check import check
+    from helpers.epilogue import Epilogue
+    from helpers.variants import as_plan
+
+    v = get("igemm_production")
+    p = Conv2dProblem(N=1, C=16, H=8, W=8, K=16, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    plan = v.plan(p)
+    x, w = p.make_inputs()
+    assert as_plan(plan) is plan and as_plan(v, p).config == plan.config
+    with pytest.raises(ValueError, match="the plan was made for"):
+        prepare(plan, x, w, epilogue=Epilogue(relu=True))
+    with pytest.raises(ValueError, match="the plan was made for"):
+        run(plan, x, w, epilogue=Epilogue(alpha=2.0))
+    with pytest.raises(ValueError, match="the plan is for"):
+        check(plan, replace(p, K=32, name=""))
+    with pytest.raises(TypeError, match="needs the problem"):
+        prepare(v, x, w)
+    with pytest.raises(TypeError, match="needs the problem"):
+        check(v)
