@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,14 @@ def page_of(site: Path, repo_path: str) -> Path:
     return site / stem / "index.html"
 
 
+REPO_URL = "https://github.com/conv2d-days/conv2d-days"
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     need_packages()
     tmp = tmp_path_factory.mktemp("website")
-    return build.build(tmp / "site", tmp / "src")
+    return build.build(tmp / "site", tmp / "src", repo_url=REPO_URL)
 
 
 def test_every_day_kernel_and_page_is_built(site: Path):
@@ -71,6 +75,25 @@ def test_every_day_kernel_and_page_is_built(site: Path):
     home = (site / "index.html").read_text()
     assert all(d.removeprefix("notebooks/").removesuffix(".ipynb") in home for d in days)
     assert (site / "search" / "search_index.json").is_file()
+    assert f'href="{REPO_URL}"' in home and f'href="{REPO_URL}"' in page_of(site, days[-1]).read_text()
+
+
+def test_the_repository_link_comes_from_the_environment_or_the_origin_remote(monkeypatch, tmp_path: Path):
+    """`repository_url`: $CONV2D_DAYS_REPO_URL first (empty: no link), else the checkout's origin
+    remote as a web URL (an ssh address rewritten, ".git" dropped); a local path gives no link."""
+    monkeypatch.setenv("CONV2D_DAYS_REPO_URL", "https://example.org/c")
+    assert build.repository_url() == "https://example.org/c"
+    monkeypatch.setenv("CONV2D_DAYS_REPO_URL", "")
+    assert build.repository_url() is None
+    monkeypatch.delenv("CONV2D_DAYS_REPO_URL")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    assert build.repository_url() is None
+    for origin, url in [("git@github.com:a/b.git", "https://github.com/a/b"),
+                        ("https://github.com/a/b.git", "https://github.com/a/b"), ("/srv/git/b.git", None)]:
+        subprocess.run(["git", "-C", str(tmp_path), "remote", "remove", "origin"], capture_output=True)
+        subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", origin], check=True)
+        assert build.repository_url() == url, origin
 
 
 def test_every_figure_of_a_notebook_is_on_its_page(site: Path):

@@ -182,8 +182,28 @@ def _mathjax_static() -> Path:
     return Path(jupyter_server_mathjax.__file__).parent / "static"
 
 
-def stage(stage_dir: Path = STAGE_DIR) -> dict:
+def repository_url() -> str | None:
+    """The URL the site's navigation links to as the repository: ``$CONV2D_DAYS_REPO_URL`` if set (empty:
+    no link), else the checkout's ``origin`` remote when it is a web URL (``https://...``; an
+    ``git@host:owner/name`` address is turned into ``https://host/owner/name``), else None (no link).
+    """
+    url = os.environ.get("CONV2D_DAYS_REPO_URL")
+    if url is None:
+        r = subprocess.run(["git", "-C", str(ROOT), "remote", "get-url", "origin"], capture_output=True, text=True)
+        url = r.stdout.strip() if r.returncode == 0 else ""
+        m = re.fullmatch(r"git@([^:]+):(.+?)(\.git)?", url)
+        if m:
+            url = f"https://{m[1]}/{m[2]}"
+        url = url.removesuffix(".git")
+    return url if url.startswith(("https://", "http://")) else None
+
+
+def stage(stage_dir: Path = STAGE_DIR, repo_url: str | None = None) -> dict:
     """Write the MkDocs source tree into ``stage_dir`` (emptied first); return the MkDocs config.
+
+    ``repo_url``, when given, is the navigation's last entry, "Repository" (a plain link: MkDocs'
+    ``repo_url`` would make Material fetch the repository's star count from GitHub's API on
+    every page, and the site loads nothing from the internet).
 
     Raises:
         BuildError: a page links to a file that does not exist, to a folder, or out of the repository.
@@ -219,6 +239,8 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
     others = sorted(st.code_pages - set(kernels))
     if others:
         nav.append({"Other sources": [{o: o + ".md"} for o in others]})
+    if repo_url:
+        nav.append({"Repository": repo_url})
     config = {
         "site_name": SITE_NAME,
         "site_description": "Hand-written CUDA conv2d kernels, day by day, checked against float64 and timed "
@@ -261,13 +283,15 @@ def stage(stage_dir: Path = STAGE_DIR) -> dict:
     return config
 
 
-def build(out: Path = BUILD_DIR, stage_dir: Path = STAGE_DIR) -> Path:
+def build(out: Path = BUILD_DIR, stage_dir: Path = STAGE_DIR, repo_url: str | None = None) -> Path:
     """Stage the pages and run ``mkdocs build --strict`` into ``out``; return ``out``.
+
+    ``repo_url``: the repository the navigation links to (`stage`); None: `repository_url()`.
 
     Raises:
         BuildError: a broken link while staging, or MkDocs failed (its output is in the message).
     """
-    stage(stage_dir)
+    stage(stage_dir, repo_url if repo_url is not None else repository_url())
     r = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(stage_dir / "mkdocs.yml"),
          "-d", str(out.resolve())],
