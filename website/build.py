@@ -6,7 +6,8 @@ with the outputs they were saved with), the README as the home page, every ``.md
 
 Links are rewritten while staging, so that what works on GitHub works on the site:
 
-* ``README.md`` becomes ``index.md``; notebooks, ``.md`` pages and `TOP_PAGES` (``RESULTS.md``) keep their paths;
+* ``README.md`` becomes ``index.md``; notebooks, ``.md`` pages and `TOP_PAGES` (``HARNESS.md``,
+  ``RESULTS.md``) keep their paths;
 * images and CSVs (``.png .jpg .jpeg .svg .gif .csv``) are copied as they are;
 * any other file a page links to (a ``.cu``, ``.py``, ``.sh``, ...) gets a page of its own, its
   text in a highlighted code block, at ``<path>.md`` (``kernels/conv2d/01_naive.cu.md``);
@@ -38,7 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = ROOT / "build" / "site"
-TOP_PAGES = ("RESULTS.md",)  # Markdown pages at the repository's top, besides the README: pages of their own
+# Markdown pages at the repository's top, besides the README: pages of their own, by their titles in the navigation
+TOP_PAGES = {"HARNESS.md": "The harness", "RESULTS.md": "Results"}
 STAGE_DIR = ROOT / "build" / "site-src"
 SITE_NAME = "conv2d-days"
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv"}
@@ -234,7 +236,7 @@ def stage(stage_dir: Path = STAGE_DIR, repo_url: str | None = None) -> dict:
     (docs / MATHJAX_DIR / "config" / "local" / "conv2d.js").write_text(MATHJAX_LOCAL_CONFIG)
 
     # Pages and days without a title: MkDocs (and mkdocs-jupyter, for a notebook) take the page's heading
-    nav = [{"Home": "index.md"}, *pages, {"Days": days}, *({"Results": p} for p in TOP_PAGES)]
+    nav = [{"Home": "index.md"}, *pages, {"Days": days}, *({title: p} for p, title in TOP_PAGES.items())]
     nav.append({"Kernels": [{Path(k).name: k + ".md"} for k in kernels]})
     others = sorted(st.code_pages - set(kernels))
     if others:
