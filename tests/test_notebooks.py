@@ -21,6 +21,7 @@ NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 NAME = re.compile(r"day_(\d{2})_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
 CU_REF = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+\.cu)\b")
 RENDERED = re.compile(r"\*\*kernels/conv2d/(\S+)\*\*\n\n```cuda\n(.*)\n```", re.S)
+EXCERPT = re.compile(r"\*\*kernels/conv2d/(\S+)\*\*, lines (\d+)–(\d+)\n\n```cuda\n(.*)\n```", re.S)
 
 NB_PARAMS = [pytest.param(p, id=p.name) for p in NOTEBOOKS] or [
     pytest.param(None, marks=pytest.mark.skip(reason="no notebooks/*.ipynb committed yet"), id="none")
@@ -79,9 +80,27 @@ def rendered_sources(nb: nbformat.NotebookNode) -> dict[str, tuple]:
     return shown
 
 
+def rendered_excerpts(nb: nbformat.NotebookNode) -> list[tuple[str, int, int, str]]:
+    """The kernel excerpts a notebook's outputs show (`helpers.show.show_excerpt`: a Markdown
+    output ``**kernels/conv2d/<file>**, lines a–b`` then those lines): (file, a, b, text shown)."""
+    found = []
+    for c in code_cells(nb):
+        for out in c.get("outputs", []):
+            m = EXCERPT.fullmatch(out.get("data", {}).get("text/markdown", ""))
+            if m:
+                found.append((m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)))
+    return found
+
+
 def stale_sources(nb: nbformat.NotebookNode) -> list[str]:
-    """The kernel files shown in ``nb`` whose text differs from the file's now."""
-    return [f for f, (text, _) in rendered_sources(nb).items() if (KERNEL_DIR / f).read_text() != text]
+    """The kernel files shown in ``nb``, whole or in excerpts, whose text differs from the file's
+    now (an excerpt: from the file's lines a..b now)."""
+    stale = [f for f, (text, _) in rendered_sources(nb).items() if (KERNEL_DIR / f).read_text() != text]
+    for f, a, b, text in rendered_excerpts(nb):
+        path = KERNEL_DIR / f
+        if not path.is_file() or "\n".join(path.read_text().splitlines()[a - 1 : b]) != text:
+            stale.append(f"{f}, lines {a}–{b}")
+    return stale
 
 
 @pytest.mark.parametrize("path", NB_PARAMS)
@@ -99,6 +118,23 @@ def test_a_kernel_edited_after_the_run_is_caught():
     out = shown["16_igemm_wgmma.cu"][1]
     out.data["text/markdown"] = out.data["text/markdown"].replace("wgmma_wait<1>();", "", 1)  # a dropped wait
     assert stale_sources(nb) == ["16_igemm_wgmma.cu"]
+
+
+def test_an_excerpt_of_a_kernel_edited_after_the_run_is_caught():
+    """An excerpt (`helpers.show.show_excerpt`) is read back from the file's lines now: the same
+    text passes; a changed line, or lines moved by an edit above them, are caught."""
+    from helpers.show import excerpt_markdown
+
+    md = excerpt_markdown("12_igemm_pipelined.cu", "for (int t = 0; t < steps; ++t) {", "__syncthreads();")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("show_excerpt(...)", outputs=[
+        nbformat.v4.new_output("display_data", data={"text/markdown": md})])])
+    assert len(rendered_excerpts(nb)) == 1 and stale_sources(nb) == []
+    out = nb.cells[0].outputs[0]
+    out.data["text/markdown"] = md.replace("__syncthreads();", "", 1)  # a dropped barrier
+    assert len(stale_sources(nb)) == 1
+    a = int(re.search(r"lines (\d+)", md).group(1))
+    out.data["text/markdown"] = md.replace(f"lines {a}–", f"lines {a + 1}–", 1)  # the file grew above it
+    assert len(stale_sources(nb)) == 1
 
 
 def test_names_are_consecutive_days():
