@@ -543,7 +543,7 @@ def test_in_place_stage_swizzle_is_conflict_free(tile):
 
 @pytest.mark.parametrize("tile", in_place_tiles(), ids=lambda t: t.name)
 def test_in_place_ldmatrix_trans_gives_the_mma_b_fragments(tile):
-    """The fragment addresses of 13_igemm_production.cu's B_KN path (lane l: row l % 8 + 8·((l >> 3)
+    """The fragment addresses of igemm_mainloop.cuh's B_KN path (lane l: row l % 8 + 8·((l >> 3)
     & 1) of slice kk, chunk WTN·wn/8 + 2·j2 + l/16), read with ldmatrix.x4.trans (matrix i from the
     rows lanes 8i .. 8i + 7 address; lane l gets elements (2(l%4), l/4) and (2(l%4) + 1, l/4) of
     each, rows first), give each lane the mma.sync m16n8k16 B fragment: b0 = B[k = 2(l%4) + {0, 1}]

@@ -208,7 +208,8 @@ def test_kernel_path_missing():
         hc.kernel_path("99_does_not_exist.cu")
 
 
-@pytest.mark.parametrize("top, included", [("14_dgrad.cu", "13_igemm_production.cu"),
+@pytest.mark.parametrize("top, included", [("14_dgrad.cu", "igemm_mainloop.cuh"),
+                                           ("13_igemm_production.cu", "igemm_mainloop.cuh"),
                                            ("16_igemm_wgmma.cu", "hopper.cuh")])
 def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_path, monkeypatch):
     """The in-process module cache, the plan cache and nvcc_compile's cache key on `source_hash`

@@ -23,6 +23,7 @@ from days.day13_igemm_production import (
     CU_FILE,
     INSTANTIATED,
     ITERATORS,
+    MAINLOOP,
     MIN_BLOCKS,
     TILES,
     ProductionConfig,
@@ -530,7 +531,7 @@ def test_fragment_double_buffering_mirrors_the_kernel(name, iterator, expect):
 
 
 def test_frag_db_condition_is_the_kernels():
-    src = hc.kernel_path(CU_FILE).read_text()
+    src = hc.kernel_path(MAINLOOP).read_text()
     line = next(ln.strip() for ln in src.splitlines() if "constexpr bool FRAG_DB" in ln)
     assert line == (
         "constexpr bool FRAG_DB = ASYNC && ((MI * NJ * 4 <= 64 && REG_CAP >= 160) || "

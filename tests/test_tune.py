@@ -55,7 +55,8 @@ def test_cache_hit_miss_and_persistence(tmp_path):
 
 
 def test_cache_misses_after_a_source_change(tmp_path, monkeypatch):
-    """Editing the kernel file, or a header it includes, changes the key: the entry is not used."""
+    """Editing the kernel file, or a header it includes (here through another header), changes the
+    key: the entry is not used."""
     kdir = tmp_path / "kernels"
     shutil.copytree(hc.KERNEL_DIR, kdir)
     monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
@@ -64,7 +65,8 @@ def test_cache_misses_after_a_source_change(tmp_path, monkeypatch):
     c.store(v, P1, entry())
     assert c.lookup(v, P1) is not None
     header = kdir / "tensor_core.cuh"
-    assert '#include "tensor_core.cuh"' in (kdir / v.cu_file).read_text()
+    assert '#include "igemm_mainloop.cuh"' in (kdir / v.cu_file).read_text()
+    assert '#include "tensor_core.cuh"' in (kdir / "igemm_mainloop.cuh").read_text()
     header.write_text(header.read_text() + "\n// edited\n")
     assert c.lookup(v, P1) is None
     header.write_text(header.read_text().replace("\n// edited\n", ""))
@@ -251,7 +253,7 @@ def test_a_winner_that_fails_the_full_check_is_replaced_and_a_wrong_rule_is_repo
 
 
 def test_source_hash_follows_includes():
-    """14_dgrad.cu includes 13_igemm_production.cu: both hashes differ, and each is stable."""
+    """14_dgrad.cu and 13_igemm_production.cu include igemm_mainloop.cuh: their hashes differ, and each is stable."""
     assert hc.source_hash("14_dgrad.cu") == hc.source_hash("14_dgrad.cu")
     assert hc.source_hash("14_dgrad.cu") != hc.source_hash("13_igemm_production.cu")
 

@@ -1,9 +1,9 @@
 """Day 13: ``igemm_production``, the production tensor-core implicit GEMM.
 
-``kernels/conv2d/13_igemm_production.cu`` is day 12's kernel (day 11's mma.sync m16n8k16,
-ldmatrix, XOR-swizzled shared memory, fp32 accumulation, NHWC fp16/bf16, fed by a cp.async ring
-of stages) grown into a production kernel: fragment double buffering in the main loop and four
-additions, each a parameter here. This package splits them by concern:
+``kernels/conv2d/igemm_mainloop.cuh`` (instantiated by ``13_igemm_production.cu``) is day 12's
+kernel (day 11's mma.sync m16n8k16, ldmatrix, XOR-swizzled shared memory, fp32 accumulation,
+NHWC fp16/bf16, fed by a cp.async ring of stages) grown into a production kernel: fragment double
+buffering in the main loop and four additions, each a parameter here. This package splits them by concern:
 
 * `tiles` — **tile descriptions** (`TileDescription`): block tile BM x BN x BK, WGM x WGN warps,
   pipeline stages, instruction shape; `TileDescription.reason` refuses an invalid one with the
@@ -45,6 +45,7 @@ from .tiles import (
     CU_FILE,
     INSTANTIATED,
     INSTRUCTION,
+    MAINLOOP,
     MAX_SMEM_PER_BLOCK,
     TILES,
     TileDescription,
@@ -55,7 +56,7 @@ from .tiles import (
 from .variant import config_reason, covers, int32_walk_reason, make_production, production_launches, tensor_check
 
 __all__ = [
-    "CU_FILE", "FEW_CHANNELS_MAX_C", "INSTANTIATED", "INSTRUCTION", "ITERATORS", "MAX_MASKED_TAPS",
+    "CU_FILE", "FEW_CHANNELS_MAX_C", "INSTANTIATED", "INSTRUCTION", "ITERATORS", "MAINLOOP", "MAX_MASKED_TAPS",
     "MAX_SMEM_PER_BLOCK", "MIN_BLOCKS", "TILES", "ProductionConfig", "TileDescription", "blocks", "choose",
     "choose_iterator", "choose_swizzle", "choose_tile", "config_reason", "covers", "int32_walk_reason",
     "iterator_reason", "make_production", "production_launches", "read_entries", "tensor_check", "tiles_for",

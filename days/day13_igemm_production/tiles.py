@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from helpers.compile import kernel_path
 
-CU_FILE = "13_igemm_production.cu"
+CU_FILE = "13_igemm_production.cu"  # the entry points (PIPE_ENTRIES, the PIPE_TUNE_* block)
+MAINLOOP = "igemm_mainloop.cuh"  # the kernel itself, as templates (day 14's dgrad includes it too)
 INSTRUCTION = (16, 8, 16)  # mma.sync m16n8k16: the only instruction shape of the kernel
 MAX_SMEM_PER_BLOCK = 227 * 1024  # the largest opt-in of sm_80..sm_120 (H100/H200); `prepare` asks the device
 
@@ -87,7 +88,7 @@ class TileDescription:
         description: the ``optimized`` iterator, and either warp tiles of at most 64 accumulators
         per thread under a register cap (65536 / (threads · min_blocks)) of at least 160, or a cap
         of at least 255 with at most 16 loader chunk rows (A and B) per thread. Mirrors the
-        ``constexpr bool FRAG_DB`` of ``13_igemm_production.cu``."""
+        ``constexpr bool FRAG_DB`` of ``igemm_mainloop.cuh``."""
         if self.bk not in (32, 64) or self.threads % (self.bk // 8):
             return False  # not a shape the kernel builds
         reg_cap = 65536 // (self.threads * max(self.min_blocks, 1))

@@ -34,8 +34,7 @@
 //   dgrad_zero_phases          every dx pixel no tap reaches (its row's or its column's phase has
 //                              no taps): zeros, at store bandwidth, one launch for all such phases
 //                              (none when every phase has taps).
-#define IGEMM_PRODUCTION_NO_ENTRIES  // day 13's templates, not its entry points
-#include "13_igemm_production.cu"
+#include "igemm_mainloop.cuh"  // day 13's kernel as templates (not day 13's entry points)
 
 // ---- the phases of one filter axis ----------------------------------------------------------
 // phase(r): the phase phi in 0 .. s-1 whose rows tap r reaches: phi = (r*d - pad) mod s.
