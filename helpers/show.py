@@ -159,8 +159,10 @@ def resident_blocks_per_sm(regs_per_thread: int, block_threads: int, smem_bytes:
     """(blocks of one kernel an SM holds at once, the resource that limits it): an estimate.
 
     In the spirit of the CUDA occupancy calculator (CUDA C++ Best Practices Guide, "Occupancy"):
-    thread slots, registers (allocated per warp in chunks of 256), shared memory (the block's
-    bytes plus what CUDA reserves per block) and the per-SM block limit. The real allocation has
+    warp slots (the SM's thread limit / 32, a block taking whole warps), registers (allocated per
+    warp in chunks of 256), shared memory (the block's bytes plus what CUDA reserves per block) and
+    the per-SM block limit, as `cuda_occupancy.h` counts them (``cudaOccMaxBlocksPerSMWarpsLimit``
+    rounds a block up to whole warps; a 324-thread block is 11 warps, 5 of them in 64 slots). The real allocation has
     a few more rules; Nsight Compute measures it. ``limits``: `sm_limits()` of the current GPU
     unless given (a test passes its own).
     """
@@ -169,7 +171,7 @@ def resident_blocks_per_sm(regs_per_thread: int, block_threads: int, smem_bytes:
     regs_per_warp = -(-regs_per_thread * 32 // 256) * 256
     smem = smem_bytes + lim["smem_reserved"]
     by = {
-        "thread slots": lim["threads"] // block_threads,
+        "warp slots": (lim["threads"] // 32) // warps,
         "registers": lim["registers"] // (regs_per_warp * warps),
         "shared memory": lim["smem"] // smem if smem else lim["blocks"],
         "blocks per SM": lim["blocks"],

@@ -59,11 +59,18 @@
 //    (element stores by the threads when K % 8 != 0); the ring stays the producer's, which is
 //    already filling it for the next tile.
 //
+// The code by role, top to bottom: the producer's copies (issue_step), the math of one slot
+// (mma_step), the epilogue (store_tile); then the shared storage (Ring: the slots and staging
+// buffers of the dynamic shared memory; Barriers: full / empty / order), the TileScheduler (a
+// block's tiles and their order, the pair's rank), and the three roles: one_warpgroup (ONE_WG's
+// whole block), produce (the producer warpgroup's thread 0) and consume (a consumer warpgroup);
+// igemm_wgmma initialises the barriers, builds the scheduler and gives each warpgroup its role.
+//
 // Accumulator layout (hopper.cuh, wgmma): register i of thread t of consumer warpgroup g, m-tile j:
 //   row  m0 + 64 (MT g + j) + 16 (t / 32 % 4) + (t % 32) / 4 + 8 ((i / 2) % 2)
 //   col  k0 + 8 (i / 4) + 2 (t % 4) + i % 2
 // Shared memory: STAGES x (BM + BN) rows of 128 bytes (1024-byte aligned), then two 64 x 64-half
-// staging buffers per consumer warpgroup (8 KB each); the barriers static.
+// staging buffers per consumer warpgroup (8 KB each) (Ring); the barriers static (Barriers).
 // Assumes: NHWC x [N][H][W][C], KRSC w [K][R][S][C], NHWC y [N][P][Q][K], all fp16 or all bf16;
 // C % 8 == 0 and x, w 16-byte aligned (the copy engine's strides and addresses), the im2col limits
 // of a 4-d map (corners within -128 .. 127, (R - 1) dil_h and (S - 1) dil_w below 256, strides
@@ -182,10 +189,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigne
 // 8 != 0 (y's rows are not 16-byte strides, which a map needs) the threads store the buffer
 // themselves, element by element.
 // The staging tile rounds and swizzles; the copy engine makes the 16-byte runs, the bounds and the
-// addresses. The threads storing the same staged tile with 16-byte stores measured 3-5 % slower.
-// A plain epilogue (alpha = 1, no Cin, bias or ReLU) skips the math: 1 % faster at N = 256 (H200,
-// 2026-12-04). Tied (within 1 %, not kept): stmatrix for the staging writes, each warp storing its
-// own 16 rows with no barrier, L2 eviction hints on the stores and the filter.
+// addresses. A plain epilogue (alpha = 1, no Cin, bias or ReLU) skips the math. (The measurements
+// behind these choices, and the alternatives tried, are in the day's notebook, appendix.)
 constexpr int STAGE_ROWS = 64, STAGE_COLS = 64;  // a sub-tile: 64 rows of 128 bytes, one box of y's map
 constexpr int STAGE_BUF = STAGE_ROWS * STAGE_COLS;  // halves per staging buffer (8 KB); two per consumer
 
@@ -297,8 +302,8 @@ __device__ __forceinline__ void store_tile_as(float (&acc)[MT][BN / 2], const Ge
 
 // store_tile_as with the epilogue the arguments ask for, chosen once per tile: each of the three
 // copies of the unrolled code stays in one piece, and the instructions fetched for a tile are those
-// of its own epilogue only (chosen per sub-tile, the other copies sat between its pieces). A kernel
-// built without the other two copies ran 1-3 % faster (H200, 2026-12-04): instruction fetch.
+// of its own epilogue only (chosen per sub-tile, the other copies sat between its pieces, and
+// instruction fetch paid for them).
 template <int BN, int MT, bool BF16>
 __device__ __forceinline__ void store_tile(float (&acc)[MT][BN / 2], const Geometry& g, const Epilogue& ep,
                                            const CUtensorMap* ymap, int row0, int k0, int lane_t, u16* stage,
@@ -324,141 +329,211 @@ __device__ __forceinline__ void release(uint64_t* empty, unsigned rank) {
     if constexpr (PAIR) mbar_arrive_peer(empty, rank ^ 1);
 }
 
+// ---- shared storage
+// The dynamic shared memory: the ring of STAGES slots, each BM rows of A then BN rows of B (128
+// bytes a row), then the consumers' staging buffers (two of STAGE_BUF halves per consumer,
+// store_tile). Its base is 1024-byte aligned (the swizzle's period): each role takes it as
+// smem_raw + Ring::offset(), an offset into smem_raw, so that the compiler still knows every tile
+// pointer as shared memory (st.shared / ld.shared, not generic); slot s is ring + s * SLOT, the
+// staging area ring + STAGING. (A pointer returned by an accessor, instead of that sum written
+// where it is used, changes the machine code ptxas emits: python -m benchmarks.same_code.)
+extern __shared__ unsigned char smem_raw[];
+template <int BM, int BN, int STAGES>
+struct Ring {
+    static constexpr int SLOT = (BM + BN) * ROW_BYTES;  // bytes per slot
+    static constexpr int STAGING = STAGES * SLOT;       // where the staging buffers start
+    __device__ __forceinline__ static unsigned offset() { return (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u; }
+};
+
+// The mbarriers (static shared memory, declared by igemm_wgmma): full(s) completes when the copy
+// engine has written slot s, empty(s) when every consumer warp reading it is done; order(g)
+// (ping-pong) when consumer g may start its next tile's main loop.
+struct Barriers {
+    uint64_t* full_;
+    uint64_t* empty_;
+    uint64_t* order_;
+    __device__ __forceinline__ uint64_t* full(int s) const { return &full_[s]; }
+    __device__ __forceinline__ uint64_t* empty(int s) const { return &empty_[s]; }
+    __device__ __forceinline__ uint64_t* order(int g) const { return &order_[g]; }
+};
+
+// ---- the tile scheduler: which output tiles a block computes, in which order
+// The block's tiles are t = first, first + step, ... < count, tile t at tile(t) (tile_coords' groups).
+// One tile per block (ONE_WG, SPECIALISED): step = every tile, so a role's loop runs once. A pair
+// (CLUSTER: blocks 2 c and 2 c + 1, ranks 0 and 1) walks the pair tiles (pm, tn) of ceil(tiles_m / 2)
+// x tiles_n; rank r computes m-tile 2 pm + r (past the last m-tile: a tile of zeros that stores
+// nothing, so both blocks run the same ring steps). CLUSTER_A: pair tiles (tm, pn) of tiles_m x
+// ceil(tiles_n / 2), rank r on n-tile 2 pn + r. a_row: the first pixel of the tile this block's
+// producer copies (CLUSTER_A: its half of A).
+template <int MODE, int BM>
+struct TileScheduler {
+    static constexpr bool PAIR = MODE == CLUSTER || MODE == CLUSTER_A;
+    const Geometry& g;
+    const unsigned rank;
+    const int pairs_m, pairs_n, count, first, step, a_row;
+    __device__ __forceinline__ TileScheduler(const Geometry& g_, int tiles_m, int tiles_n, int tiles)
+        : g(g_),
+          rank(PAIR ? blockIdx.x % 2 : 0),
+          pairs_m(MODE == CLUSTER ? CEIL_DIV(tiles_m, 2) : tiles_m),
+          pairs_n(MODE == CLUSTER_A ? CEIL_DIV(tiles_n, 2) : tiles_n),
+          count(pairs_m * pairs_n),
+          first(PAIR ? blockIdx.x / 2 : blockIdx.x),
+          step(PAIR ? gridDim.x / 2 : MODE >= PERSISTENT ? gridDim.x : tiles),
+          a_row(MODE == CLUSTER_A ? rank * BM / 2 : 0) {}
+    __device__ __forceinline__ void tile(int t, int& tm, int& tn) const {
+        tile_coords(g, pairs_m, pairs_n, t, tm, tn);
+        if constexpr (MODE == CLUSTER) tm = 2 * tm + rank;
+        if constexpr (MODE == CLUSTER_A) tn = 2 * tn + rank;
+    }
+};
+
+// ---- one warpgroup (ONE_WG): thread 0 keeps STAGES - 1 steps in flight ahead of the math, which
+// all four warps do, then the epilogue
+template <int BM, int BN, int MT, int STAGES, int MODE, bool BF16>
+__device__ __forceinline__ void one_warpgroup(const CUtensorMap* xmap, const CUtensorMap* wmap, const CUtensorMap* ymap,
+                                              const Geometry& g, const Epilogue& ep, const Barriers& bar,
+                                              const TileScheduler<MODE, BM>& sched, const int& steps, const int& tid) {
+    using R = Ring<BM, BN, STAGES>;
+    unsigned char* ring = smem_raw + R::offset();
+    int tm, tn;
+    sched.tile(sched.first, tm, tn);
+    const int m0 = tm * BM, k0 = tn * BN;
+    int n0, h0, w0;
+    tile_origin(g, m0, n0, h0, w0);
+    if (tid == 0)
+        for (int t = 0; t < STAGES - 1 && t < steps; ++t)
+            issue_step<BM, BN, MODE>(xmap, wmap, ring + t * R::SLOT, bar.full(t), g, n0, h0, w0, k0, t, 0);
+    float acc[MT][BN / 2] = {};
+    for (int t = 0; t < steps; ++t) {
+        const int slot = t % STAGES;
+        mbar_wait(bar.full(slot), (t / STAGES) & 1);
+        mma_step<BM, BN, MT, BF16>(acc, ring + slot * R::SLOT, 0);
+        wgmma_wait<1>();  // step t - 1's wgmma are done: its slot may be refilled
+        if (t > 0 && tid % 32 == 0) mbar_arrive(bar.empty((t - 1) % STAGES));
+        const int next = t + STAGES - 1;
+        if (tid == 0 && next < steps) {
+            const int ns = next % STAGES;
+            if (next >= STAGES) mbar_wait(bar.empty(ns), (next / STAGES - 1) & 1);
+            issue_step<BM, BN, MODE>(xmap, wmap, ring + ns * R::SLOT, bar.full(ns), g, n0, h0, w0, k0, next, 0);
+        }
+        __syncwarp();  // warp 0 together again for the next wgmma (.sync.aligned)
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
+    unsigned sub = 0;
+    store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0, k0, tid, reinterpret_cast<u16*>(ring + R::STAGING), 1, sub);
+    store_drain(tid);
+}
+
+// ---- the producer warpgroup: one thread issues every copy of every tile of the block, up to STAGES
+// steps ahead of the consumers (ring step u over all the block's tiles uses slot u % STAGES)
+template <int BM, int BN, int STAGES, int MODE>
+__device__ __forceinline__ void produce(const CUtensorMap* xmap, const CUtensorMap* wmap, const Geometry& g,
+                                        const Barriers& bar, const TileScheduler<MODE, BM>& sched, int steps, int tid) {
+    using R = Ring<BM, BN, STAGES>;
+    unsigned char* ring = smem_raw + R::offset();
+    if (tid == 0) {
+        int u = 0;  // loads issued so far, over every tile of this block
+        for (int tile = sched.first; tile < sched.count; tile += sched.step) {
+            int tm, tn;
+            sched.tile(tile, tm, tn);
+            const int m0 = tm * BM, k0 = tn * BN;
+            int n0, h0, w0;
+            tile_origin(g, m0 + sched.a_row, n0, h0, w0);
+            for (int t = 0; t < steps; ++t, ++u) {
+                const int slot = u % STAGES;
+                if (u >= STAGES) mbar_wait(bar.empty(slot), (u / STAGES - 1) & 1);
+                issue_step<BM, BN, MODE>(xmap, wmap, ring + slot * R::SLOT, bar.full(slot), g, n0, h0, w0, k0, t,
+                                         sched.rank);
+            }
+        }
+    }
+}
+
+// ---- a consumer warpgroup (group 0 .. CONSUMERS - 1): its 64 MT rows of every tile of the block,
+// or with ping-pong every second whole tile; then its epilogue, while the producer fills the ring
+template <int BM, int BN, int MT, int STAGES, int MODE, bool BF16>
+__device__ __forceinline__ void consume(const CUtensorMap* ymap, const Geometry& g, const Epilogue& ep,
+                                        const Barriers& bar, const TileScheduler<MODE, BM>& sched, int steps, int tid, int group) {
+    constexpr bool PING = MODE == PINGPONG, PAIR = MODE == CLUSTER || MODE == CLUSTER_A;
+    using R = Ring<BM, BN, STAGES>;
+    unsigned char* ring = smem_raw + R::offset();
+    const int lane_t = tid % 128;
+    // ping-pong: this consumer's tiles are every second one of the block's, from the group-th
+    const int own_first = sched.first + (PING ? group * sched.step : 0), own_step = PING ? 2 * sched.step : sched.step;
+    int u = PING ? group * steps : 0;  // the ring's slot uses so far (both consumers' when ping-pong)
+    unsigned sub = 0;                  // sub-tiles staged so far (store_tile)
+    for (int tile = own_first, n = 0; tile < sched.count; tile += own_step, ++n) {
+        int tm, tn;
+        sched.tile(tile, tm, tn);
+        const int m0 = tm * BM, k0 = tn * BN;
+        // ping-pong: the other consumer has issued its last wgmma of the tile before this one
+        if (PING && (group == 1 || n > 0)) mbar_wait(bar.order(group), (n - (group == 0)) & 1);
+        float acc[MT][BN / 2] = {};
+        for (int t = 0; t < steps; ++t, ++u) {
+            const int slot = u % STAGES;
+            mbar_wait(bar.full(slot), (u / STAGES) & 1);
+            mma_step<BM, BN, MT, BF16>(acc, ring + slot * R::SLOT, PING ? 0 : group);
+            wgmma_wait<1>();
+            if (t > 0 && lane_t % 32 == 0) release<PAIR>(bar.empty((u - 1) % STAGES), sched.rank);
+        }
+        if (PING && lane_t == 0) mbar_arrive(bar.order(1 - group));  // the other consumer's turn
+        wgmma_wait<0>();
+        if (lane_t % 32 == 0) release<PAIR>(bar.empty((u - 1) % STAGES), sched.rank);
+        if (PING) u += steps;  // the slot uses of the other consumer's tile
+#pragma unroll
+        for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
+        store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0 + (PING ? 0 : group * MT * 64), k0, lane_t,
+                                 reinterpret_cast<u16*>(ring + R::STAGING) + group * 2 * STAGE_BUF, 1 + group,
+                                 sub);
+    }
+    store_drain(lane_t);
+}
+
+// ---- the kernel: the barriers, the scheduler, then each warpgroup's role
 template <int BN, int MT, int CONSUMERS, int STAGES, int MODE, bool BF16>
 __device__ __forceinline__ void igemm_wgmma(const CUtensorMap* xmap, const CUtensorMap* wmap, const CUtensorMap* ymap,
                                             const Geometry& g, const Epilogue& ep) {
     constexpr bool PING = MODE == PINGPONG, PAIR = MODE == CLUSTER || MODE == CLUSTER_A;
     constexpr int BM = 64 * MT * (PING ? 1 : CONSUMERS);  // ping-pong: every consumer owns a whole tile
     constexpr int READERS = PING ? 1 : CONSUMERS;         // consumer warpgroups reading one slot
-    constexpr int SLOT = (BM + BN) * ROW_BYTES;
     static_assert(BN % STAGE_COLS == 0, "BN: whole staging sub-tiles");
     static_assert(MODE != ONE_WG || CONSUMERS == 1, "one warpgroup: one consumer");
     static_assert(!PING || CONSUMERS == 2, "ping-pong: two consumers");
-    extern __shared__ unsigned char smem_raw[];
-    // the ring 1024-byte aligned (the swizzle's period), as an offset into smem_raw so that the
-    // compiler still knows every tile pointer as shared memory (st.shared / ld.shared, not generic)
-    unsigned char* ring = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], order[2];
+    const Barriers bar{full, empty, order};
 
     const int tid = threadIdx.x;
     const int tiles_m = CEIL_DIV(g.M, BM), tiles_n = CEIL_DIV(g.K, BN), tiles = tiles_m * tiles_n;
     const int steps = g.taps * g.cblocks;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * READERS * (PAIR ? 2 : 1));  // one arrival per reading warp (of both blocks)
+            mbar_init(bar.full(s), 1);
+            mbar_init(bar.empty(s), 4 * READERS * (PAIR ? 2 : 1));  // one arrival per reading warp (of both blocks)
         }
         if (PING) {
-            mbar_init(&order[0], 1);
-            mbar_init(&order[1], 1);
+            mbar_init(bar.order(0), 1);
+            mbar_init(bar.order(1), 1);
         }
         mbar_fence_init();
     }
     __syncthreads();
     if constexpr (PAIR) cluster_sync();  // both blocks' barriers are initialised before either signals the other's
 
-    // The block's tiles: t = first_tile, + tile_step, ... < count, at tile_of(t). A pair (CLUSTER:
-    // blocks 2 c and 2 c + 1, ranks 0 and 1) walks the pair tiles (pm, tn) of ceil(tiles_m / 2) x
-    // tiles_n; rank r computes m-tile 2 pm + r (past the last m-tile: a tile of zeros that stores
-    // nothing, so both blocks run the same ring steps). CLUSTER_A: pair tiles (tm, pn) of tiles_m x
-    // ceil(tiles_n / 2), rank r on n-tile 2 pn + r.
-    const unsigned rank = PAIR ? blockIdx.x % 2 : 0;
-    const int pairs_m = MODE == CLUSTER ? CEIL_DIV(tiles_m, 2) : tiles_m;
-    const int pairs_n = MODE == CLUSTER_A ? CEIL_DIV(tiles_n, 2) : tiles_n;
-    const int count = pairs_m * pairs_n;
-    const int first_tile = PAIR ? blockIdx.x / 2 : blockIdx.x;
-    const int tile_step = PAIR ? gridDim.x / 2 : MODE >= PERSISTENT ? gridDim.x : tiles;
-    auto tile_of = [&](int t, int& tm, int& tn) {
-        tile_coords(g, pairs_m, pairs_n, t, tm, tn);
-        if constexpr (MODE == CLUSTER) tm = 2 * tm + rank;
-        if constexpr (MODE == CLUSTER_A) tn = 2 * tn + rank;
-    };
-    const int a_row = MODE == CLUSTER_A ? rank * BM / 2 : 0;  // the first pixel of the tile this producer copies
+    const TileScheduler<MODE, BM> sched(g, tiles_m, tiles_n, tiles);
 
     if constexpr (MODE == ONE_WG) {
-        // ---- one warpgroup: thread 0 keeps STAGES - 1 steps in flight ahead of the math
-        int tm, tn;
-        tile_of(first_tile, tm, tn);
-        const int m0 = tm * BM, k0 = tn * BN;
-        int n0, h0, w0;
-        tile_origin(g, m0, n0, h0, w0);
-        if (tid == 0)
-            for (int t = 0; t < STAGES - 1 && t < steps; ++t)
-                issue_step<BM, BN, MODE>(xmap, wmap, ring + t * SLOT, &full[t], g, n0, h0, w0, k0, t, 0);
-        float acc[MT][BN / 2] = {};
-        for (int t = 0; t < steps; ++t) {
-            const int slot = t % STAGES;
-            mbar_wait(&full[slot], (t / STAGES) & 1);
-            mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, 0);
-            wgmma_wait<1>();  // step t - 1's wgmma are done: its slot may be refilled
-            if (t > 0 && tid % 32 == 0) mbar_arrive(&empty[(t - 1) % STAGES]);
-            const int next = t + STAGES - 1;
-            if (tid == 0 && next < steps) {
-                const int ns = next % STAGES;
-                if (next >= STAGES) mbar_wait(&empty[ns], (next / STAGES - 1) & 1);
-                issue_step<BM, BN, MODE>(xmap, wmap, ring + ns * SLOT, &full[ns], g, n0, h0, w0, k0, next, 0);
-            }
-            __syncwarp();  // warp 0 together again for the next wgmma (.sync.aligned)
-        }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-        unsigned sub = 0;
-        store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0, k0, tid, reinterpret_cast<u16*>(ring + STAGES * SLOT), 1, sub);
-        store_drain(tid);
+        one_warpgroup<BM, BN, MT, STAGES, MODE, BF16>(xmap, wmap, ymap, g, ep, bar, sched, steps, tid);
     } else {
         // ---- warp-specialised: warpgroup 0 produces, warpgroups 1 .. CONSUMERS consume
         const int wg = tid / 128;
         if (wg == 0) {
             setmaxnreg_dec<PAIR ? PAIR_PRODUCER_REGS : PRODUCER_REGS>();
-            if (tid == 0) {
-                int u = 0;  // loads issued so far, over every tile of this block
-                for (int tile = first_tile; tile < count; tile += tile_step) {
-                    int tm, tn;
-                    tile_of(tile, tm, tn);
-                    const int m0 = tm * BM, k0 = tn * BN;
-                    int n0, h0, w0;
-                    tile_origin(g, m0 + a_row, n0, h0, w0);
-                    for (int t = 0; t < steps; ++t, ++u) {
-                        const int slot = u % STAGES;
-                        if (u >= STAGES) mbar_wait(&empty[slot], (u / STAGES - 1) & 1);
-                        issue_step<BM, BN, MODE>(xmap, wmap, ring + slot * SLOT, &full[slot], g, n0, h0, w0, k0, t,
-                                                 rank);
-                    }
-                }
-            }
+            produce<BM, BN, STAGES, MODE>(xmap, wmap, g, bar, sched, steps, tid);
         } else {
             setmaxnreg_inc<PAIR ? PAIR_CONSUMER_REGS : CONSUMER_REGS>();
-            const int group = wg - 1, lane_t = tid % 128;
-            // ping-pong: this consumer's tiles are every second one of the block's, from the group-th
-            const int own_first = first_tile + (PING ? group * tile_step : 0), own_step = PING ? 2 * tile_step : tile_step;
-            int u = PING ? group * steps : 0;  // the ring's slot uses so far (both consumers' when ping-pong)
-            unsigned sub = 0;                  // sub-tiles staged so far (store_tile)
-            for (int tile = own_first, n = 0; tile < count; tile += own_step, ++n) {
-                int tm, tn;
-                tile_of(tile, tm, tn);
-                const int m0 = tm * BM, k0 = tn * BN;
-                // ping-pong: the other consumer has issued its last wgmma of the tile before this one
-                if (PING && (group == 1 || n > 0)) mbar_wait(&order[group], (n - (group == 0)) & 1);
-                float acc[MT][BN / 2] = {};
-                for (int t = 0; t < steps; ++t, ++u) {
-                    const int slot = u % STAGES;
-                    mbar_wait(&full[slot], (u / STAGES) & 1);
-                    mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, PING ? 0 : group);
-                    wgmma_wait<1>();
-                    if (t > 0 && lane_t % 32 == 0) release<PAIR>(&empty[(u - 1) % STAGES], rank);
-                }
-                if (PING && lane_t == 0) mbar_arrive(&order[1 - group]);  // the other consumer's turn
-                wgmma_wait<0>();
-                if (lane_t % 32 == 0) release<PAIR>(&empty[(u - 1) % STAGES], rank);
-                if (PING) u += steps;  // the slot uses of the other consumer's tile
-#pragma unroll
-                for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-                store_tile<BN, MT, BF16>(acc, g, ep, ymap, m0 + (PING ? 0 : group * MT * 64), k0, lane_t,
-                                         reinterpret_cast<u16*>(ring + STAGES * SLOT) + group * 2 * STAGE_BUF, 1 + group,
-                                         sub);
-            }
-            store_drain(lane_t);
+            consume<BM, BN, MT, STAGES, MODE, BF16>(ymap, g, ep, bar, sched, steps, tid, wg - 1);
         }
     }
     if constexpr (PAIR) cluster_sync();  // the other block no longer copies into or arrives on this one's
