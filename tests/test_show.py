@@ -40,10 +40,10 @@ A100 = {"threads": 2048, "blocks": 32, "registers": 65536, "smem": 167936, "smem
 @pytest.mark.parametrize("regs, threads, smem, expect", [
     (64, 256, 0, (4, "registers")),          # 64 x 32 = 2,048 registers a warp, 8 warps: 65,536 / 16,384
     (32, 256, 0, (8, "warp slots")),         # 1,024 a warp: 8 blocks by registers and by warps (a tie: warps named)
-    (32, 324, 0, (5, "warp slots")),         # 11 warps: 64 // 11 = 5 by warp slots (2,048 // 324 = 6 by threads would be wrong)
-    (40, 1024, 0, (1, "registers")),         # 1,280 a warp, 40,960 a block: 1 by registers, 2 by threads
+    (32, 324, 0, (5, "warp slots")),         # 11 warps: 64 // 11 = 5 (2,048 // 324 = 6 by threads is wrong)
+    (40, 1024, 0, (1, "registers")),         # 1,280 a warp, 40,960 a block: 1 by registers, 2 by warp slots
     (16, 128, 48 * 1024, (3, "shared memory")),  # 49,152 + 1,024 a block: 167,936 / 50,176 = 3
-    (24, 32, 0, (32, "blocks per SM")),      # 768 registers a warp rounds to 768; 64 by threads, 32 by the limit
+    (24, 32, 0, (32, "blocks per SM")),      # 768 registers a warp rounds to 768; 64 by warp slots, 32 by the limit
     (255, 128, 0, (2, "registers")),         # 8,160 a warp rounds up to 8,192: 65,536 / 32,768
 ])
 def test_the_occupancy_estimate_takes_the_tightest_limit(regs, threads, smem, expect):
