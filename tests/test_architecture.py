@@ -556,3 +556,25 @@ def test_the_repository_points_at_nothing_outside_itself():
         text = (ROOT / f).read_text(errors="replace")
         found += [f"{f}: {m}" for m in outside.findall(text)]
     assert found == [], found
+
+
+def test_no_formatter_markers_where_no_formatter_runs():
+    """No formatter runs in CI (ruff lints only), so a formatter's markers are noise: none in the
+    Python files or in the notebooks' code cells (printed outputs, which show code as it was run,
+    are not searched)."""
+    import subprocess
+
+    import nbformat
+
+    marker = re.compile("# fmt" + r": ?(skip|off|on)\b")  # split: it must not match itself
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for f in files:
+        path = ROOT / f
+        if f.endswith(".py") and path.is_file():
+            found += [f for line in path.read_text().splitlines() if marker.search(line)]
+        elif f.endswith(".ipynb") and path.is_file():
+            cells = nbformat.read(path, as_version=4).cells
+            found += [f for c in cells if c.cell_type == "code" and marker.search(c.source)]
+    assert found == [], sorted(set(found))
+    assert marker.search("x = 1  # fmt" + ": skip")  # the pattern finds a planted marker
