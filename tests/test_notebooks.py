@@ -112,6 +112,8 @@ def test_rendered_kernel_sources_are_the_files(path: Path):
 
 
 def test_a_kernel_edited_after_the_run_is_caught():
+    """Day 16 shows its two files whole in its appendix (A.5, `show_source`); a dropped line in
+    the rendered kernel no longer matches the file and is caught."""
     nb = read(NB_DIR / "day_16_igemm_wgmma.ipynb")
     shown = rendered_sources(nb)
     assert {"16_igemm_wgmma.cu", "hopper.cuh"} <= set(shown) and not stale_sources(nb)
@@ -158,7 +160,7 @@ def test_cu_reference_pattern():
 # list may only shrink: a day on it that comes within the budget fails until it is taken off.
 OVER_BUDGET = {
     "day_06_blocked", "day_07_general", "day_09_igemm_simt", "day_10_igemm_wmma",
-    "day_11_igemm_mma", "day_15_tuner", "day_16_igemm_wgmma",
+    "day_11_igemm_mma", "day_15_tuner",
 }
 
 
