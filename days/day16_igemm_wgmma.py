@@ -2,7 +2,7 @@
 mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
-``persistent``, ``pingpong``, ``cluster``, ``cluster_a``: day 16's ladder), block tile BM x BN,
+``persistent``, ``pingpong``, ``cluster``, ``cluster_a``: the ladder of day 17's notebook), block tile BM x BN,
 consumer warpgroups and stages.
 `ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built; a
 configuration also carries the tile order (``group_m``, a kernel argument: `tile_coords`).

@@ -548,7 +548,7 @@ def test_parameter_offsets_are_asked_of_the_driver_once(monkeypatch):
     assert asked == ["e"]
 
 
-# ---- the address space of every load and store (the epilogue's 1.7x on one-step layers, day 16 section 11) ----
+# ---- the address space of every load and store (the epilogue's 1.7x on one-step layers, day 17 appendix A.5) ----
 
 PTX_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld|st)((?:\.[\w:]+)+)\s", re.M)
 STATE_SPACES = {"shared", "global", "param", "local", "const"}
