@@ -67,8 +67,10 @@ CURRICULUM = [
          "step through torch.autograd", "dgrad, wgrad"),
     (15, "the per-workload tuner: search space, pruning model, parallel compile, on-disk cache; judged on workloads "
          "it never saw", "tuner"),
-    (16, "Hopper: wgmma, TMA (tiled + im2col), mbarriers, warp specialisation, persistent blocks (sm_90a only)",
-     "igemm_wgmma"),
+    (16, "Hopper's data path on one warpgroup: TMA (tiled + im2col), wgmma from shared memory, an mbarrier ring "
+         "(sm_90a only)", "igemm_wgmma"),
+    (17, "Hopper's schedules: warp specialisation, persistent blocks, ping-pong, clusters; a per-layer rule; against "
+         "cuBLAS (sm_90a only)", "igemm_wgmma's schedules (day 16's variant)"),
 ]
 
 
@@ -79,10 +81,12 @@ SHORT = {
     3: "the input tile in shared memory", 4: "tile plus halo", 5: "float, double or compensated sums",
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
-    14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: wgmma and TMA",
+    14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: TMA, wgmma, mbarriers",
+    17: "Hopper: warp specialisation, the rule",
 }
-# The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel).
-DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), "")}
+# The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel;
+# day 17 runs day 16's).
+DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), ""), 17: ((9, 0), "a")}
 LAPTOP_MIB = 8 * 1024  # "fits an 8 GB laptop GPU": its peak under this (the display and driver take some)
 OVERVIEW_PNG = RESULTS / "overview.png"
 OVERVIEW_SUITE = "quick"
@@ -246,7 +250,8 @@ def overview_section(results_dir: Path = RESULTS) -> str:
             "suite is 6 small layers, each day in its own dtype "
             "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. Days 14 "
             "(backward) and 15 (the tuner) were measured on ResNet-50 on another GPU: "
-            "[RESULTS.md](RESULTS.md) has every run.")
+            "[RESULTS.md](RESULTS.md) has every run. Day 17 teaches the schedules of day 16's variant: its numbers are "
+            "in day 16's row.")
     return head + "\n\n" + "\n".join(lines)
 
 
