@@ -210,13 +210,14 @@ def test_kernel_path_missing():
 
 @pytest.mark.parametrize("top, included", [("14_dgrad.cu", "igemm_mainloop.cuh"),
                                            ("13_igemm_production.cu", "igemm_mainloop.cuh"),
-                                           ("16_igemm_wgmma.cu", "hopper.cuh")])
+                                           ("16_igemm_wgmma.cu", "hopper.cuh"),
+                                           ("17_dgrad_wgmma.cu", "16_igemm_wgmma.cu")])
 def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_path, monkeypatch):
     """The in-process module cache, the plan cache and nvcc_compile's cache key on `source_hash`
     (the file and everything it includes): an edit to a file the kernel includes (day 14's dgrad
-    includes day 13's kernel; day 16 includes hopper.cuh) builds and plans again instead of running
-    the stale code, and undoing the edit finds the old key. (They keyed on the file's own text or
-    mtime, which an included file's edit leaves alone.)"""
+    includes day 13's kernel; day 16 includes hopper.cuh; day 17 includes day 16's kernel) builds and
+    plans again instead of running the stale code, and undoing the edit finds the old key. (They keyed
+    on the file's own text or mtime, which an included file's edit leaves alone.)"""
 
 
     kdir = tmp_path / "kernels"
