@@ -1,4 +1,5 @@
-"""Day 17's variant: unit-stride dgrad on day 16's Hopper kernel (``kernels/conv2d/17_dgrad_wgmma.cu``).
+"""Day 17's variant: unit-stride dgrad on day 16's Hopper kernel (``kernels/conv2d/17_dgrad_wgmma.cu``
+holds day 17's own kernel, the filter's rotation; day 16's is built from day 16's file).
 
 With stride 1, dgrad is an fprop: dx[n, h, w, c] = Σ_{k, r, s} dy[n, h + pad_h − r·dil_h,
 w + pad_w − s·dil_w, k] · w[k, r, s, c] is the fprop over dy (K input channels, a P x Q image)
@@ -10,10 +11,12 @@ dilation and padding' = (dil_h·(R−1) − pad_h, dil_w·(S−1) − pad_w), wh
 A run is two launches, and day 16's kernel is not changed:
 
 * ``rotate``: ``dgrad_rotate_filter`` writes w' into the workspace (`rotate_launch`; its writes:
-  `rotate_writes`, its arithmetic: `rotate_model`);
+  `rotate_writes`, its arithmetic: `rotate_model`), built from the variant's file, ``CU_FILE``;
 * ``fprop``: day 16's entry for `choose` on `fprop_problem`, with day 16's own maps and launch
   (`days.day16_igemm_wgmma.wgmma_launches`), its tensors renamed (`dgrad_names`): x is dy, w is
-  the workspace (w'), y is dx; no Cin or bias (null pointers).
+  the workspace (w'), y is dx; no Cin or bias (null pointers). The launch names day 16's file
+  (``FPROP_CU_FILE``, `helpers.variants.KernelLaunch.cu_file`): the harness builds it from there,
+  as day 16 does, for the same ``sm_90a``.
 
 Refused, with the reason: stride other than 1 (day 14's ``dgrad`` runs strided layers), groups,
 padding past the dilated filter (padding' < 0, a crop), K % 8 != 0 (dy's pixels are the fprop's
@@ -38,9 +41,10 @@ from helpers.tma import TensorMap
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .day16_igemm_wgmma import BY_NAME, ENTRIES, HOPPER_CC, WgmmaConfig, choose, covers, problem_reason, wgmma_launches
+from .day16_igemm_wgmma import CU_FILE as FPROP_CU_FILE
 from .kit import VEC_BYTES, alignment_reason, cdiv
 
-CU_FILE = "17_dgrad_wgmma.cu"
+CU_FILE = "17_dgrad_wgmma.cu"  # the rotate kernel alone; the fprop launch is built from FPROP_CU_FILE (day 16's)
 ROTATE_ENTRY = "dgrad_rotate_filter"
 ROTATE_TILE = 64  # filters x channels of one block of dgrad_rotate_filter, per tap
 ROTATE_THREADS = 256
@@ -150,8 +154,9 @@ def dgrad_names(args: tuple) -> tuple:
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None) -> list[KernelLaunch]:
-    """``rotate`` (``dgrad_rotate_filter`` on w -> workspace, with K, C, R, S), then ``fprop``:
-    day 16's launch of ``cfg`` on `fprop_problem`, its tensors renamed (`dgrad_names`).
+    """``rotate`` (``dgrad_rotate_filter`` on w -> workspace, with K, C, R, S; from ``CU_FILE``),
+    then ``fprop``: day 16's launch of ``cfg`` on `fprop_problem`, its tensors renamed
+    (`dgrad_names`), built from day 16's file (``FPROP_CU_FILE``).
 
     Raises:
         ValueError: a fused epilogue (the variant fuses none), or a problem without an fprop
@@ -165,7 +170,7 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None
     rotate = KernelLaunch("rotate", ROTATE_ENTRY, rotate_launch(p),
                           (Buffer("w"), Buffer("workspace"), *(np.int32(v) for v in (p.K, p.C, p.R, p.S))))
     (main,) = wgmma_launches(fp, PLAIN, cfg)
-    return [rotate, replace(main, name="fprop", args=dgrad_names(main.args))]
+    return [rotate, replace(main, name="fprop", args=dgrad_names(main.args), cu_file=FPROP_CU_FILE)]
 
 
 def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:

@@ -7,6 +7,8 @@
   lazily), and no circle among its modules;
 * no helper is defined twice across the day modules (same body under any name), and no day
   redefines a kit name;
+* no kernel file includes another ``.cu`` (a kernel two days use lives in a header, or the
+  launch that runs it is built from its own file: `KernelLaunch.cu_file`);
 * the kit's argument packing and launch helpers, the build targets of a variant, and `bind`
   (the one place a launch's named buffers become pointers), on the CPU.
 
@@ -443,6 +445,36 @@ def test_build_targets():
     assert "exist only on compute capability 9.0" in h.build_reason((12, 0))
     p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
     assert h.supports(p) is None and "hopper_only" in h.supports(p, cc=(12, 0))
+
+
+# ---- kernel files: a day's .cu includes headers, never another day's .cu -------------------------
+
+KERNEL_DIR = ROOT / "kernels" / "conv2d"
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def included_kernel_files(text: str) -> list[str]:
+    """The ``.cu`` files a kernel source includes by name (a kernel two days use lives in a
+    header, or each launch is built from its own file: `KernelLaunch.cu_file`)."""
+    return [f for f in INCLUDE.findall(text) if f.endswith(".cu")]
+
+
+def test_no_kernel_file_includes_another_days_kernel_file():
+    found = {p.name: included_kernel_files(p.read_text()) for p in sorted(KERNEL_DIR.glob("*.cu*"))}
+    assert found and not {k: v for k, v in found.items() if v}
+
+
+def test_the_include_check_catches_a_planted_cu_include():
+    assert included_kernel_files('#include "conv2d_common.cuh"\n#include "16_igemm_wgmma.cu"  // all of it\n') == [
+        "16_igemm_wgmma.cu"]
+    assert included_kernel_files("#include <cuda_fp16.h>\n// #include is not a .cu\n") == []
+
+
+def test_a_launch_names_its_own_kernel_file_or_takes_the_variants():
+    v = get("naive")
+    k = KernelLaunch("main", "e", LaunchConfig((1, 1, 1), (32, 1, 1)), ())
+    assert k.cu_file is None and k.source(v) == v.cu_file == "01_naive.cu"
+    assert dataclasses.replace(k, cu_file="02_z_out.cu").source(v) == "02_z_out.cu"
 
 
 # ---- bind: named buffers become pointers ---------------------------------------------------------

@@ -18,8 +18,11 @@
 * refusals, each naming its value: stride 2 (day 14's dgrad), groups, padding past the dilated
   filter (padding' < 0), K % 8 != 0, day 16's own limits in dgrad's terms, misaligned dy, dx, w;
   a fused epilogue;
-* the new ``.cu`` for sm_90a: the rotate kernel without spills, day 16's entries inside it with
-  the registers they have in day 16's own build (its setmaxnreg budget holds).
+* each launch built from its own file: ``rotate`` from the variant's ``17_dgrad_wgmma.cu``,
+  ``fprop`` from day 16's ``16_igemm_wgmma.cu`` (`helpers.variants.KernelLaunch.cu_file`), the
+  very module day 16 builds for that entry; the plan's kernels are built again when either file's
+  source hash changes;
+* the new ``.cu`` for sm_90a: the rotate kernel alone, without spills.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, wgmma_laun
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
-from helpers.launch import prepare
+from helpers.launch import compile_launches, compiled, prepare, sources_key
 from helpers.problem import Conv2dProblem
 from helpers.reference import reference
 from helpers.tma import MapBytes, TensorMap
@@ -368,13 +371,70 @@ def test_a_refused_problem_has_no_launches():
 # ---- the build ---------------------------------------------------------------------------------------
 
 
+def recording_load_kernel(built: list):
+    """A stand-in for `helpers.compile.load_kernel` that records (file, entry, defines, arch) per build."""
+
+    def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
+        built.append((cu_file, entry, dict(defines or {}), arch))
+        return hc.CompiledKernel(function=lambda *a, **kw: None, num_regs=32, shared_static_bytes=0, local_bytes=0,
+                                 max_threads_per_block=1024, param_offsets=(0,) * params if params else None)
+
+    return load_kernel
+
+
+@pytest.mark.parametrize("p", [CLAIMED[0], CLAIMED[1], CLAIMED[6]], ids=lambda p: p.name)
+def test_each_launch_is_built_from_its_own_file(p, monkeypatch):
+    """``rotate`` from the variant's file, ``fprop`` from day 16's (the launch names it): with the
+    same defines and target as day 16's own launch of that entry, so both days share one module."""
+    built = []
+    monkeypatch.setattr(hc, "load_kernel", recording_load_kernel(built))
+    plan = V.plan(p)
+    rotate, main = plan.launches
+    assert V.cu_file == d17.CU_FILE == "17_dgrad_wgmma.cu" and rotate.cu_file is None
+    assert main.cu_file == d17.FPROP_CU_FILE == get("igemm_wgmma").cu_file == "16_igemm_wgmma.cu"
+    assert plan.sources == ("17_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
+    compile_launches(V, list(plan.launches), "sm_90a")
+    assert built == [("17_dgrad_wgmma.cu", "dgrad_rotate_filter", {}, "sm_90a"),
+                     ("16_igemm_wgmma.cu", main.entry, {}, "sm_90a")]
+    v16 = get("igemm_wgmma")
+    (k16,) = v16.launches(d17.fprop_problem(p))
+    assert k16.cu_file is None and k16.entry == main.entry
+    assert hc._module_key(main.source(V), main.build_defines(V), V.target((9, 0))) == \
+        hc._module_key(k16.source(v16), k16.build_defines(v16), v16.target((9, 0)))  # day 16's module, shared
+
+
+def test_the_plans_kernels_are_built_again_when_either_file_changes(monkeypatch):
+    """`helpers.launch.compiled` keys a plan's kernels on the source hash of every file its launches
+    use: a change to the rotate kernel's file or to day 16's builds both launches again (the key
+    named only the variant's file, so an edit to day 16's kernel would have run the stale build)."""
+    built, hashes = [], {"17_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"}
+    monkeypatch.setattr(hc, "load_kernel", recording_load_kernel(built))
+    monkeypatch.setattr(hc, "source_hash", lambda cu_file: hashes[cu_file])  # any other file: a KeyError
+    plan = V.plan(CLAIMED[0])
+    assert sources_key(plan) == ("rotate v1", "fprop v1")
+    compiled(plan, "cpu", "sm_90a")
+    assert [b[0] for b in built] == ["17_dgrad_wgmma.cu", "16_igemm_wgmma.cu"]
+    compiled(plan, "cpu", "sm_90a")
+    assert len(built) == 2  # kept in the plan
+    for cu_file, edit in (("17_dgrad_wgmma.cu", "rotate v2"), ("16_igemm_wgmma.cu", "fprop v2")):
+        before = len(built)
+        hashes[cu_file] = edit
+        compiled(plan, "cpu", "sm_90a")
+        assert [b[0] for b in built[before:]] == ["17_dgrad_wgmma.cu", "16_igemm_wgmma.cu"], cu_file
+    assert len(plan.compiled) == 3
+    hashes.update({"17_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"})
+    compiled(plan, "cpu", "sm_90a")
+    assert len(built) == 6 and len(plan.compiled) == 3  # the first sources again: the first build
+
+
 @pytest.mark.nvcc
-def test_the_rotate_kernel_builds_for_sm90a_without_spills_and_day_16s_entries_keep_their_registers():
+def test_the_rotate_kernel_alone_builds_for_sm90a_without_spills():
+    """17_dgrad_wgmma.cu holds the rotate kernel and nothing of day 16's; the fprop entry the
+    variant launches is in day 16's own build."""
     reports = {r.entry: r for r in hc.nvcc_compile(d17.CU_FILE, arch="sm_90a")[0]}
+    assert set(reports) == {"dgrad_rotate_filter"}
     rot = reports["dgrad_rotate_filter"]
     assert rot.arch == "sm_90a" and (rot.spill_stores, rot.spill_loads, rot.stack_bytes) == (0, 0, 0)
     assert rot.registers <= 64 and rot.shared_bytes == 64 * 66 * 2
-    day16 = {r.entry: r.registers for r in hc.nvcc_compile("16_igemm_wgmma.cu", arch="sm_90a")[0]}
-    assert set(day16) <= set(reports)  # day 16's entries, included as they are
-    assert {e: reports[e].registers for e in day16} == day16  # so its setmaxnreg budget still holds
-    assert choose(d17.fprop_problem(CLAIMED[2])).entry("fp16") in reports
+    day16 = {r.entry for r in hc.nvcc_compile(d17.FPROP_CU_FILE, arch="sm_90a")[0]}
+    assert choose(d17.fprop_problem(CLAIMED[2])).entry("fp16") in day16

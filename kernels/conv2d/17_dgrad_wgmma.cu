@@ -16,9 +16,11 @@
 //
 // The kernels of a run, in launch order:
 //   dgrad_rotate_filter   w -> wr in the workspace (this file): a 64 x 64 transpose per tap.
-//   igemm_wgmma_<config>  day 16's fprop (included below, not one line of it changed) with dy as
-//                         x, wr as w and dx as y: its im2col map walks dy, its tiled map reads wr,
-//                         its epilogue stores dx; a plain epilogue (no Cin, bias, ReLU).
+//   igemm_wgmma_<config>  day 16's fprop, built from day 16's own file (16_igemm_wgmma.cu: that
+//                         launch names it, days/day17_dgrad_wgmma.py; not one line of it changed,
+//                         and nothing of it is in this file) with dy as x, wr as w and dx as y: its
+//                         im2col map walks dy, its tiled map reads wr, its epilogue stores dx; a
+//                         plain epilogue (no Cin, bias, ReLU).
 //
 // dgrad_rotate_filter: grid (ceil(C / 64) * ceil(K / 64), R, S), block 256, 8,448 bytes of static
 // shared memory. Block (x, r', s') takes the c-tile x % ceil(C / 64), k-tile x / ceil(C / 64) of
@@ -36,7 +38,9 @@
 // Day 16's assumptions hold for its fprop (K % 8 == 0: dy's pixel rows in 16-byte strides; dy and
 // wr 16-byte aligned; dx when C % 8 == 0; the im2col limits on padding', the dilated filter and
 // the corners): the Python refuses what breaks them, naming the dgrad value.
-#include "16_igemm_wgmma.cu"  // day 16's kernel and its igemm_wgmma_* entry points, as they are
+#include "conv2d_common.cuh"  // idx_t, CEIL_DIV
+
+typedef unsigned short u16;  // one fp16/bf16 element, moved as raw bits
 
 constexpr int ROT_TILE = 64;      // filters x channels per block and tap
 constexpr int ROT_ROW = 66;       // halves per shared row: 33 words, so a warp's 32-bit stores spread over 32 banks
