@@ -18,7 +18,14 @@ A run is two launches, and day 16's kernel is not changed:
   (``FPROP_CU_FILE``, `helpers.variants.KernelLaunch.cu_file`): the harness builds it from there,
   as day 16 does, for the same ``sm_90a``.
 
-Refused, with the reason: stride other than 1 (day 14's ``dgrad`` runs strided layers), groups,
+A strided 1 x 1 layer (stride (sh, sw), any padding) is a GEMM whose output lands on every sh-th
+row and sw-th column of dx: ``rotate`` (a transpose, for R = S = 1), ``fprop``, day 16's 1 x 1
+fprop over dy storing the compact y [N][P][Q][C] into the workspace (`compact_offset`), then
+``scatter`` (``dgrad_scatter_strided``, this file) writes all of dx in one pass, y's pixels where
+sh divides h + ph and sw divides w + pw, zeros elsewhere (`scatter_model`, `scatter_writes`).
+
+Refused, with the reason: stride other than 1 with a filter other than 1 x 1 (day 14's ``dgrad``
+runs strided layers), groups,
 padding past the dilated filter (padding' < 0, a crop), K % 8 != 0 (dy's pixels are the fprop's
 input rows, which the copy engine reads in 16-byte strides), and whatever day 16 refuses for the
 equivalent fprop (`dgrad_reason`, its reasons in dgrad's terms). A fused epilogue is refused (the
@@ -44,10 +51,15 @@ from .day16_igemm_wgmma import BY_NAME, ENTRIES, HOPPER_CC, WgmmaConfig, choose,
 from .day16_igemm_wgmma import CU_FILE as FPROP_CU_FILE
 from .kit import VEC_BYTES, alignment_reason, cdiv
 
-CU_FILE = "17_dgrad_wgmma.cu"  # the rotate kernel alone; the fprop launch is built from FPROP_CU_FILE (day 16's)
+CU_FILE = "17_dgrad_wgmma.cu"  # rotate and scatter; the fprop launch is built from FPROP_CU_FILE (day 16's)
 ROTATE_ENTRY = "dgrad_rotate_filter"
 ROTATE_TILE = 64  # filters x channels of one block of dgrad_rotate_filter, per tap
 ROTATE_THREADS = 256
+SCATTER_ENTRY = "dgrad_scatter_strided"
+SCATTER_THREADS = 256
+SCATTER_BLOCKS_PER_SM = 8  # the grid-stride loop's grid: 8 blocks of 256 threads per SM (all resident)
+SCATTER_SMS = 132  # the grid assumes the H100's / H200's SM count; any count is correct, only the pace changes
+WORKSPACE_ALIGN = 128  # the compact y starts this many bytes aligned past w' (its tiled map needs 16)
 NULL = np.uintp(0)  # a pointer argument the kernel does not read (no Cin, no bias)
 # Day 16's tensor names -> this run's: the fprop reads dy as x and w' (the workspace) as w, and stores dx as y.
 DGRAD_NAMES = {"x": "dy", "w": "workspace", "y": "dx"}
@@ -67,13 +79,21 @@ def rotated_padding(p: Conv2dProblem) -> tuple[int, int]:
     return dh * (p.R - 1) - ph, dw * (p.S - 1) - pw
 
 
+def strided_1x1(p: Conv2dProblem) -> bool:
+    """A 1 x 1 filter with a stride other than 1: dx is a GEMM's output scattered (`scatter_model`)."""
+    return p.R == p.S == 1 and p.stride != (1, 1)
+
+
 def shape_reason(p: Conv2dProblem) -> str | None:
     """None if ``p`` is a dgrad that `fprop_problem` turns into an fprop, else why not: groups,
-    stride other than 1, padding' < 0."""
+    stride other than 1 with a filter other than 1 x 1, padding' < 0 (stride 1)."""
     if p.groups != 1:
         return f"needs groups = 1; got {p.groups}"
+    if strided_1x1(p):
+        return None
     if p.stride != (1, 1):
-        return f"handles stride 1 only; got stride {p.stride}: day 14's dgrad runs strided layers"
+        return (f"handles stride 1, and strided 1 x 1 filters, only; got stride {p.stride} with a {p.R} x {p.S} "
+                "filter: day 14's dgrad runs strided layers")
     pad = rotated_padding(p)
     if min(pad) < 0:
         reach = (p.dilation[0] * (p.R - 1), p.dilation[1] * (p.S - 1))
@@ -86,7 +106,9 @@ def shape_reason(p: Conv2dProblem) -> str | None:
 def fprop_problem(p: Conv2dProblem) -> Conv2dProblem:
     """The fprop whose output is ``p``'s dx: over dy (N images of P x Q pixels, C' = K channels),
     K' = C filters of R x S (the rotated filter), stride 1, padding' (`rotated_padding`), the same
-    dilation; its P' x Q' is H x W.
+    dilation; its P' x Q' is H x W. A strided 1 x 1 layer (`strided_1x1`): the 1 x 1 fprop over dy
+    with the filter transposed, padding 0, whose P x Q output is dx's compact part (`scatter_model`
+    spreads it over dx).
 
     Raises:
         ValueError: a problem `shape_reason` refuses (the message is the reason).
@@ -94,6 +116,8 @@ def fprop_problem(p: Conv2dProblem) -> Conv2dProblem:
     reason = shape_reason(p)
     if reason:
         raise ValueError(f"no fprop equivalent: {reason}")
+    if strided_1x1(p):
+        return Conv2dProblem(N=p.N, C=p.K, H=p.P, W=p.Q, K=p.C, R=1, S=1, dtype=p.dtype, layout=p.layout)
     return Conv2dProblem(N=p.N, C=p.K, H=p.P, W=p.Q, K=p.C, R=p.R, S=p.S, padding=rotated_padding(p),
                          dilation=p.dilation, dtype=p.dtype, layout=p.layout)
 
@@ -123,6 +147,8 @@ def dgrad_reason(p: Conv2dProblem, cfg: WgmmaConfig | None) -> str | None:
                 "strides (K % 8 == 0); day 14's dgrad takes any K")
     if max(p.C, p.K) + ROTATE_TILE > INT32_MAX:
         return f"C = {p.C} or K = {p.K} plus a 64-wide tile does not fit the rotate kernel's int indices"
+    if strided_1x1(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1]) > INT32_MAX:
+        return f"H, W = {p.H}, {p.W} plus twice the padding do not fit the scatter kernel's int indices"
     fp = fprop_problem(p)
     if cfg is None:
         return "no day-16 configuration for the equivalent fprop"
@@ -153,10 +179,38 @@ def dgrad_names(args: tuple) -> tuple:
     return tuple(out)
 
 
+def compact_offset(p: Conv2dProblem) -> int:
+    """Byte offset of the compact y (a strided 1 x 1 layer's GEMM output) in the workspace: past
+    w', rounded up to ``WORKSPACE_ALIGN``."""
+    return cdiv(p.K * p.R * p.S * p.C * p.itemsize, WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def compact_names(args: tuple, offset: int) -> tuple:
+    """`dgrad_names` of day 16's arguments, but y (its map and pointer) is the workspace at
+    ``offset``: a strided 1 x 1 layer's GEMM stores its compact P x Q output there."""
+    out = []
+    for a, renamed in zip(args, dgrad_names(args)):
+        if isinstance(a, (TensorMap, Buffer)) and a.name == "y":
+            renamed = replace(a, name="workspace", offset=offset)
+        out.append(renamed)
+    return tuple(out)
+
+
+def scatter_launch(p: Conv2dProblem) -> LaunchConfig:
+    """``dgrad_scatter_strided``: a grid-stride loop over N·H·W·ceil(C / 8) vectors of 8 channels,
+    256 threads a block, at most ``SCATTER_BLOCKS_PER_SM`` x ``SCATTER_SMS`` blocks."""
+    vectors = p.N * p.H * p.W * cdiv(p.C, 8)
+    blocks = max(1, min(cdiv(vectors, SCATTER_THREADS), SCATTER_BLOCKS_PER_SM * SCATTER_SMS))
+    return LaunchConfig(grid=(blocks, 1, 1), block=(SCATTER_THREADS, 1, 1))
+
+
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None) -> list[KernelLaunch]:
     """``rotate`` (``dgrad_rotate_filter`` on w -> workspace, with K, C, R, S; from ``CU_FILE``),
     then ``fprop``: day 16's launch of ``cfg`` on `fprop_problem`, its tensors renamed
-    (`dgrad_names`), built from day 16's file (``FPROP_CU_FILE``).
+    (`dgrad_names`), built from day 16's file (``FPROP_CU_FILE``). A strided 1 x 1 layer: the
+    ``fprop`` stores the compact y in the workspace (`compact_names`, at `compact_offset`), and
+    ``scatter`` (``dgrad_scatter_strided``, from ``CU_FILE``: y, dx, N, H, W, C, P, Q, the
+    strides and paddings) writes every element of dx.
 
     Raises:
         ValueError: a fused epilogue (the variant fuses none), or a problem without an fprop
@@ -170,13 +224,51 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None
     rotate = KernelLaunch("rotate", ROTATE_ENTRY, rotate_launch(p),
                           (Buffer("w"), Buffer("workspace"), *(np.int32(v) for v in (p.K, p.C, p.R, p.S))))
     (main,) = wgmma_launches(fp, PLAIN, cfg)
-    return [rotate, replace(main, name="fprop", args=dgrad_names(main.args), cu_file=FPROP_CU_FILE)]
+    if not strided_1x1(p):
+        return [rotate, replace(main, name="fprop", args=dgrad_names(main.args), cu_file=FPROP_CU_FILE)]
+    off = compact_offset(p)
+    ints = (p.N, p.H, p.W, p.C, p.P, p.Q, *p.stride, *p.padding)
+    scatter = KernelLaunch("scatter", SCATTER_ENTRY, scatter_launch(p),
+                           (Buffer("workspace", off), Buffer("dx"), *(np.int32(v) for v in ints)))
+    return [rotate, replace(main, name="fprop", args=compact_names(main.args, off), cu_file=FPROP_CU_FILE), scatter]
 
 
 def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
-    """Writes per dx element (NHWC, flat) of the ``fprop`` launch: day 16's model (`covers`) of the
-    equivalent fprop, whose y [N][H][W][C] is dx element for element."""
+    """Writes per dx element (NHWC, flat) of the last launch: the ``fprop``'s, day 16's model
+    (`covers`) of the equivalent fprop, whose y [N][H][W][C] is dx element for element; a strided
+    1 x 1 layer's ``scatter`` (`scatter_writes`)."""
+    if strided_1x1(p):
+        return scatter_writes(p, launch)
     return covers(fprop_problem(p), launch, cfg)
+
+
+def scatter_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.ndarray:
+    """Writes per dx element (NHWC, flat) by ``dgrad_scatter_strided`` on ``launch`` (default
+    `scatter_launch`): thread t of G = grid·block takes vectors t, t + G, ... below
+    N·H·W·ceil(C / 8); vector i writes channels 8 (i mod ceil(C / 8)) .. + 7 (< C) of pixel
+    i div ceil(C / 8)."""
+    launch = launch or scatter_launch(p)
+    cvec, threads = cdiv(p.C, 8), launch.grid[0] * launch.block[0]
+    vectors = p.N * p.H * p.W * cvec
+    counts = np.zeros(p.N * p.H * p.W * p.C, dtype=np.int64)
+    i = np.arange(vectors)
+    i = i[(i % threads) < min(threads, vectors)]  # thread i mod G takes vector i in its loop
+    for e in range(8):
+        c = (i % cvec) * 8 + e
+        ok = c < p.C
+        np.add.at(counts, (i[ok] // cvec) * p.C + c[ok], 1)
+    return counts
+
+
+def scatter_model(p: Conv2dProblem, y: torch.Tensor) -> torch.Tensor:
+    """dx as ``dgrad_scatter_strided`` computes it from the compact y [N][P][Q][C], by its index
+    arithmetic: pixel (h, w) takes y[(h + ph) / sh][(w + pw) / sw] where sh divides h + ph and sw
+    divides w + pw, zeros elsewhere. Returns dx [N][H][W][C] in y's dtype."""
+    (sh, sw), (ph, pw) = p.stride, p.padding
+    h, w = torch.arange(p.H) + ph, torch.arange(p.W) + pw
+    hit = ((h % sh == 0)[:, None] & (w % sw == 0)[None, :])
+    src = y[:, (h // sh).clamp(max=p.P - 1)][:, :, (w // sw).clamp(max=p.Q - 1)]
+    return torch.where(hit[None, :, :, None], src, torch.zeros((), dtype=y.dtype))
 
 
 def rotate_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.ndarray:
@@ -251,7 +343,10 @@ def rotate_model(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
 
 
 def workspace_bytes(p: Conv2dProblem) -> int:
-    """The rotated filter w': K·R·S·C elements of ``p``'s dtype."""
+    """The rotated filter w': K·R·S·C elements of ``p``'s dtype; a strided 1 x 1 layer adds the
+    compact y, N·P·Q·C elements, from `compact_offset`."""
+    if strided_1x1(p):
+        return compact_offset(p) + p.N * p.P * p.Q * p.C * p.itemsize
     return p.K * p.R * p.S * p.C * p.itemsize
 
 

@@ -283,7 +283,7 @@ class _MapLauncher:
 def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
     """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
     pointer plus its ``offset`` (0 for an operand passed as None), each `helpers.tma.TensorMap`
-    the map encoded for the named tensor's address (`helpers.tma.encode`).
+    the map encoded for the named tensor's address plus its ``offset`` (`helpers.tma.encode`).
 
     Raises:
         ValueError: a launch names a buffer that is not among ``tensors`` (or is None, for a
@@ -299,14 +299,15 @@ def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
                                      f"{', '.join(tensors)}")
                 t = tensors[a.name]
+            if isinstance(a, (Buffer, TensorMap)) and a.offset and (
+                    t is None or not 0 <= a.offset < t.numel() * t.element_size()):
+                raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
+                                 "outside the tensor")
             if isinstance(a, TensorMap):
                 if t is None:
                     raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
-                args.append(encode_map(a.desc, t.data_ptr()))
+                args.append(encode_map(a.desc, t.data_ptr() + a.offset))
             elif isinstance(a, Buffer):
-                if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
-                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
-                                     "outside the tensor")
                 args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
             else:
                 args.append(a)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from days import day17_dgrad_wgmma as d17
-from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, wgmma_launches
+from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, covers, wgmma_launches
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
@@ -295,7 +295,8 @@ def test_build_target_is_sm90a_only():
 
 BASE = dict(N=2, C=24, H=9, W=10, K=16, R=3, S=3, padding=1)
 REFUSED = [
-    (dict(stride=2), "dgrad_wgmma: handles stride 1 only; got stride (2, 2): day 14's dgrad runs strided layers"),
+    (dict(stride=2), "dgrad_wgmma: handles stride 1, and strided 1 x 1 filters, only; got stride (2, 2) with a "
+                     "3 x 3 filter: day 14's dgrad runs strided layers"),
     (dict(stride=(1, 2)), "got stride (1, 2)"),
     (dict(C=16, groups=2), "groups = 1; got 2"),
     (dict(padding=(3, 1)), "padding (3, 1) reaches past the dilated filter (dil_h (R-1), dil_w (S-1)) = (2, 2)"),
@@ -362,9 +363,9 @@ def test_a_refused_problem_has_no_launches():
     p = dgrad(**{**BASE, "stride": 2})
     plan = V.plan(p)
     assert plan.config is None and plan.reason
-    with pytest.raises(ValueError, match="no configuration: handles stride 1 only"):
+    with pytest.raises(ValueError, match="no configuration: handles stride 1, and strided 1 x 1"):
         _ = plan.launches
-    with pytest.raises(UnsupportedProblem, match="stride 1 only"):
+    with pytest.raises(UnsupportedProblem, match="strided 1 x 1 filters, only"):
         prepare(V, p, *p.make_inputs())
 
 
@@ -429,12 +430,92 @@ def test_the_plans_kernels_are_built_again_when_either_file_changes(monkeypatch)
 
 @pytest.mark.nvcc
 def test_the_rotate_kernel_alone_builds_for_sm90a_without_spills():
-    """17_dgrad_wgmma.cu holds the rotate kernel and nothing of day 16's; the fprop entry the
-    variant launches is in day 16's own build."""
+    """17_dgrad_wgmma.cu holds the rotate and scatter kernels and nothing of day 16's; the fprop
+    entry the variant launches is in day 16's own build."""
     reports = {r.entry: r for r in hc.nvcc_compile(d17.CU_FILE, arch="sm_90a")[0]}
-    assert set(reports) == {"dgrad_rotate_filter"}
-    rot = reports["dgrad_rotate_filter"]
-    assert rot.arch == "sm_90a" and (rot.spill_stores, rot.spill_loads, rot.stack_bytes) == (0, 0, 0)
-    assert rot.registers <= 64 and rot.shared_bytes == 64 * 66 * 2
+    assert set(reports) == {"dgrad_rotate_filter", "dgrad_scatter_strided"}
+    for r in reports.values():
+        assert r.arch == "sm_90a" and (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0)
+        assert r.registers <= 64
+    assert reports["dgrad_rotate_filter"].shared_bytes == 64 * 66 * 2
+    assert reports["dgrad_scatter_strided"].shared_bytes == 0
     day16 = {r.entry for r in hc.nvcc_compile(d17.FPROP_CU_FILE, arch="sm_90a")[0]}
     assert choose(d17.fprop_problem(CLAIMED[2])).entry("fp16") in day16
+
+
+# ---- strided 1 x 1 layers: a GEMM, then the scatter ------------------------------------------------
+
+STRIDED_1X1 = [
+    dgrad(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),  # a ResNet-50 downsample, small
+    dgrad(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),  # stride 3 > the filter, odd W
+    dgrad(N=3, C=5, H=11, W=8, K=16, R=1, S=1, stride=(2, 3), padding=(1, 2)),  # C odd: the threads store
+    dgrad(N=2, C=72, H=13, W=7, K=40, R=1, S=1, stride=(2, 1), dilation=(1, 2)),  # dilation: a 1 x 1 ignores it
+    dgrad(N=1, C=136, H=9, W=16, K=8, R=1, S=1, stride=(1, 2), padding=(2, 0)),
+]
+
+
+@pytest.mark.parametrize("p", STRIDED_1X1, ids=lambda p: p.name)
+def test_a_strided_1x1_dgrad_is_the_transposed_gemm_scattered(p):
+    """dx = torch's conv2d_input (float64) = `scatter_model` of the 1 x 1 fprop over dy with the
+    filter transposed (`fprop_problem`: P x Q out, stride 1, padding 0): every dx pixel that no dy
+    pixel reaches is 0."""
+    g = torch.Generator().manual_seed(3)
+    dy = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64)
+    w = torch.randn(p.K, p.C, 1, 1, generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, stride=p.stride, padding=p.padding)
+    fp = d17.fprop_problem(p)
+    assert (fp.C, fp.K, fp.H, fp.W, fp.P, fp.Q, fp.R, fp.stride, fp.padding) == (
+        p.K, p.C, p.P, p.Q, p.P, p.Q, 1, (1, 1), (0, 0))
+    y = F.conv2d(dy, rotated_kcrs(w)).permute(0, 2, 3, 1)  # the GEMM's compact output, NHWC
+    got = d17.scatter_model(p, y).permute(0, 3, 1, 2)
+    assert torch.equal(got, want) or torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    ref = reference(p, dy.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous())  # NHWC, KRSC in
+    assert torch.allclose(ref.double(), got, rtol=1e-12, atol=1e-12)
+    reached = torch.zeros(p.H, p.W, dtype=torch.bool)
+    reached[-p.padding[0] % p.stride[0]::p.stride[0], -p.padding[1] % p.stride[1]::p.stride[1]] = True  # sh | h + ph
+    assert (got[:, :, ~reached] == 0).all() and got[:, :, reached].abs().min() > 0
+    assert p.padding != (0, 0) or p.P * p.Q == int(reached.sum())  # unpadded: each dy pixel reaches one
+
+
+def test_a_scatter_off_by_the_padding_is_caught():
+    """The planted fault: the scatter places y at h / sh instead of (h + ph) / sh."""
+    p = STRIDED_1X1[2]
+    g = torch.Generator().manual_seed(8)
+    dy = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64)
+    w = torch.randn(p.K, p.C, 1, 1, generator=g, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, stride=p.stride, padding=p.padding)
+    y = F.conv2d(dy, rotated_kcrs(w)).permute(0, 2, 3, 1)
+    unpadded = replace(p, padding=(0, 0), name="")
+    bad = d17.scatter_model(unpadded, y[:, :unpadded.P, :unpadded.Q]).permute(0, 3, 1, 2)
+    assert not torch.allclose(bad, want)
+
+
+@pytest.mark.parametrize("p", STRIDED_1X1, ids=lambda p: p.name)
+def test_strided_1x1_launches_rotate_gemm_scatter(p):
+    """``rotate`` (a transpose), ``fprop`` (day 16's 1 x 1 launch over dy, its y the workspace at
+    `compact_offset`: 128-byte aligned, past w'), ``scatter`` (y at that offset, dx, and the sizes);
+    the workspace holds both; the last launch writes every dx element once."""
+    assert V.supports(p, smem_limit=HOPPER_SMEM) is None, V.supports(p, smem_limit=HOPPER_SMEM)
+    plan, fp = V.plan(p), d17.fprop_problem(p)
+    rotate, main, scatter = plan.launches
+    off = d17.compact_offset(p)
+    assert off % 128 == 0 and off >= 2 * p.K * p.C and V.workspace_bytes(p) == off + 2 * p.N * p.P * p.Q * p.C
+    (want,) = wgmma_launches(fp, PLAIN, plan.config)
+    assert (main.name, main.entry, main.config, main.cu_file) == ("fprop", want.entry, want.config, d17.FPROP_CU_FILE)
+    ys = [a for a in main.args if isinstance(a, (TensorMap, Buffer)) and a.name == "workspace"]
+    assert [type(a).__name__ for a in ys] == ["TensorMap"] + (["TensorMap"] if p.C % 8 == 0 else []) + ["Buffer"]
+    assert [a.offset for a in ys] == [0] + [off] * (len(ys) - 1)  # w' at 0; y (map, pointer) at the offset
+    assert not any(isinstance(a, (TensorMap, Buffer)) and a.name == "dx" for a in main.args)
+    assert (scatter.name, scatter.entry, scatter.cu_file) == ("scatter", "dgrad_scatter_strided", None)
+    assert scatter.args[:2] == (Buffer("workspace", off), Buffer("dx"))
+    assert [int(a) for a in scatter.args[2:]] == [p.N, p.H, p.W, p.C, p.P, p.Q, *p.stride, *p.padding]
+    assert (plan.covers() == 1).all() and plan.covers().shape == (p.x_numel,)
+    assert (covers(fp, main.config, plan.config) == 1).all()  # the GEMM writes its compact y once
+
+
+@pytest.mark.parametrize("grid", [1, 3, 1000])
+def test_the_scatter_grid_stride_loop_writes_every_element_once(grid):
+    p = STRIDED_1X1[2]
+    launch = replace(d17.scatter_launch(p), grid=(grid, 1, 1))
+    assert (d17.scatter_writes(p, launch) == 1).all()
+    assert d17.scatter_launch(STRIDED_1X1[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)

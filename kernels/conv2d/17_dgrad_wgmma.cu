@@ -95,3 +95,42 @@ extern "C" __global__ void __launch_bounds__(ROT_THREADS) dgrad_rotate_filter(co
         }
     }
 }
+
+// dgrad_scatter_strided: the strided 1 x 1 layer (R = S = 1, stride (sh, sw), padding (ph, pw)).
+// Input pixel (h, w) is reached by one dy pixel, ((h + ph) / sh, (w + pw) / sw), when sh divides
+// h + ph and sw divides w + pw, and by none otherwise; so dx is day 16's fprop over dy with the
+// filter transposed (a GEMM of M = N P Q, N = C, K = K) into a compact y[N][P][Q][C] in the
+// workspace, then this kernel:
+//   dx[n][h][w][c] = y[n][(h + ph) / sh][(w + pw) / sw][c] where both divide, else 0,
+// one pass over dx that writes the zeros too (day 14 fills them in a pass of their own).
+// Thread t of the grid-stride loop takes 8 channels of one dx pixel: vector i = t + j * stride
+// covers pixel i / cvec, channels 8 (i % cvec) .. + 7, cvec = ceil(C / 8); one 16-byte load and
+// store when C % 8 == 0, else element by element. Every dx element is written exactly once
+// (Python: days/day17_dgrad_wgmma.py, scatter_writes). Assumes: y and dx 16-byte aligned when
+// C % 8 == 0 (y: the workspace at a 128-byte offset; dx: checked in Python).
+constexpr int SCATTER_THREADS = 256;
+
+extern "C" __global__ void __launch_bounds__(SCATTER_THREADS)
+    dgrad_scatter_strided(const u16* __restrict__ y, u16* __restrict__ dx, int N, int H, int W, int C, int P, int Q,
+                          int sh, int sw, int ph, int pw) {
+    const int cvec = CEIL_DIV(C, 8);
+    const idx_t total = (idx_t)N * H * W * cvec;
+    const bool vec = C % 8 == 0;
+    for (idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (idx_t)gridDim.x * blockDim.x) {
+        const idx_t pix = i / cvec;  // (n H + h) W + w
+        const int c = (int)(i % cvec) * 8, w = (int)(pix % W);
+        const idx_t nh = pix / W;
+        const int h = (int)(nh % H), n = (int)(nh / H);
+        // A hit's dy row p = (h + ph) / sh is below P = (H + 2 ph - 1) / sh + 1, as h + ph < H + 2 ph.
+        const bool hit = (h + ph) % sh == 0 && (w + pw) % sw == 0;
+        const u16* src = y + (((idx_t)n * P + (h + ph) / sh) * Q + (w + pw) / sw) * C + c;
+        u16* dst = dx + pix * C + c;
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = hit ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (c + e < C) dst[e] = hit ? src[e] : (u16)0;
+        }
+    }
+}

@@ -53,7 +53,8 @@ DAY14_EDGES = {
     "strided 1x1, ResNet-style": dict(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),
     "even filter 4x2, stride (1, 2)": dict(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0)),
 }
-CLAIMED_DAY14 = ["padding >= R/2", "dilation (1, 2)", "C, K past the tiles"]
+CLAIMED_DAY14 = ["stride 3 > 1x1 filter (dx rows no tap reaches)", "padding >= R/2", "dilation (1, 2)",
+                 "C, K past the tiles", "strided 1x1, ResNet-style"]
 # Day 17's own: C odd and not a multiple of 8 (the threads store dx, the rotate kernel loads w element
 # by element), R != S, both dilations, padding 0 and padding' 0, a partial channel block of dy (K = 40),
 # several m- and n-tiles, a 1x1 filter.
@@ -64,6 +65,13 @@ OWN = {
     "5x4, padding R - 1 (padding' 0)": dict(N=2, C=72, H=17, W=13, K=136, R=5, S=4, padding=(4, 3)),
     "3x3 padding 0 (padding' 2)": dict(N=2, C=64, H=20, W=18, K=64, R=3, S=3),
     "C = 3, 5x5": dict(N=1, C=3, H=17, W=15, K=8, R=5, S=5, padding=2),
+    # strided 1 x 1 (the GEMM, then the scatter): C odd with padding (the threads store the compact y
+    # and dx), stride (2, 1) with C past the tiles, stride (1, 2) with a padded row
+    "strided 1x1, C odd, stride (2, 3), padding (1, 2)": dict(N=3, C=5, H=11, W=8, K=16, R=1, S=1, stride=(2, 3),
+                                                             padding=(1, 2)),
+    "strided 1x1, stride (2, 1), C = 200": dict(N=2, C=200, H=13, W=7, K=40, R=1, S=1, stride=(2, 1)),
+    "strided 1x1, stride (1, 2), padding (2, 0)": dict(N=1, C=136, H=9, W=16, K=8, R=1, S=1, stride=(1, 2),
+                                                      padding=(2, 0)),
 }
 CASES = {**{k: DAY14_EDGES[k] for k in CLAIMED_DAY14}, **OWN}
 
@@ -87,7 +95,7 @@ def test_the_claimed_day_14_edges_are_the_unit_stride_ones():
     for name, spec in DAY14_EDGES.items():
         if name not in claimed:
             reason = V.supports(problem(spec))
-            assert "stride 1 only" in reason or "reaches past the dilated filter" in reason, (name, reason)
+            assert "strided 1 x 1 filters, only" in reason or "past the dilated filter" in reason, (name, reason)
 
 
 @pytest.mark.parametrize("kind", ["normal", "int"])
@@ -176,3 +184,30 @@ def test_tensors_the_copy_engine_cannot_take_are_refused_before_a_launch(misalig
     want = run(V, q, dy, w).clone()
     out = misaligned(torch.empty(q.x_shape, dtype=q.torch_dtype, device="cuda"))
     assert bitwise_equal(run(V, q, dy, misaligned(w), out=out), want)
+
+
+@pytest.mark.parametrize("name", ["strided 1x1, ResNet-style", "strided 1x1, C odd, stride (2, 3), padding (1, 2)"])
+def test_a_strided_run_without_the_scatter_is_caught(name: str):
+    """The planted fault: the scatter launch dropped, dx (poisoned with NaN) is never written."""
+    p = problem({**DAY14_EDGES, **OWN}[name])
+    dropped = dataclasses.replace(V, name="dgrad_wgmma_no_scatter", launches_fn=lambda q, ep, cfg: [
+        k for k in V.launches_fn(q, ep, cfg) if k.name != "scatter"])
+    dy, w = p.make_inputs(device="cuda", seed=4)
+    prepared, out = prepare(dropped, p, dy, w)
+    out.fill_(float("nan"))
+    prepared()
+    torch.cuda.synchronize()
+    assert compare(p, dy, w, out)["nonfinite"] > 0
+
+
+def test_a_strided_run_writes_the_zeros_over_a_nan_poisoned_dx():
+    p = problem(DAY14_EDGES["strided 1x1, ResNet-style"])
+    dy, w = p.make_inputs(device="cuda", seed=6)
+    prepared, out = prepare(V, p, dy, w)
+    prepared.workspace.fill_(255)
+    out.fill_(float("nan"))
+    prepared()
+    torch.cuda.synchronize()
+    d = compare(p, dy, w, out)
+    assert d["nonfinite"] == 0 and d["worst_err_over_bound"] <= 1, d
+    assert (out.view(p.N, p.H, p.W, p.C)[:, 1::2] == 0).all()  # odd rows: no dy pixel reaches them
