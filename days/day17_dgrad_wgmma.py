@@ -18,14 +18,18 @@ A run is two launches, and day 16's kernel is not changed:
   (``FPROP_CU_FILE``, `helpers.variants.KernelLaunch.cu_file`): the harness builds it from there,
   as day 16 does, for the same ``sm_90a``.
 
-A strided 1 x 1 layer (stride (sh, sw), any padding) is a GEMM whose output lands on every sh-th
-row and sw-th column of dx: ``rotate`` (a transpose, for R = S = 1), ``fprop``, day 16's 1 x 1
-fprop over dy storing the compact y [N][P][Q][C] into the workspace (`compact_offset`), then
-``scatter`` (``dgrad_scatter_strided``, this file) writes all of dx in one pass, y's pixels where
-sh divides h + ph and sw divides w + pw, zeros elsewhere (`scatter_model`, `scatter_writes`).
+A strided layer (stride (sh, sw) > 1) runs by phases (`phases`, `axis_phases`): dx rows h with
+h mod sh = a are reached only by the taps r with sh | a + ph − r·dh, so phase (a, b)'s pixels
+are a stride-1 fprop over dy with those T x U taps turned around (`Taps`, `rotate_model`), the
+phase's dilation and lower padding, and the phase's extent as its P x Q (`phase_problem`, its
+dy map `phase_x_map`). Each phase with taps gets a ``rotate`` and an ``fprop`` launch, its filter
+and its compact y [N][Ha][Wb][C] in the workspace (`filter_offsets`, `phase_offset`); then
+``scatter`` (``dgrad_scatter_strided``) writes all of dx in one pass, each pixel from its phase's
+y, zeros where the phase has no tap (`scatter_model`, `scatter_writes`). A strided 1 x 1 layer is
+a GEMM (one phase with a tap) whose output the scatter spreads over dx.
 
-Refused, with the reason: stride other than 1 with a filter other than 1 x 1 (day 14's ``dgrad``
-runs strided layers), groups,
+Refused, with the reason: a stride above 8, a phase whose fprop would need negative padding (a
+crop; day 14's ``dgrad`` runs those), groups,
 padding past the dilated filter (padding' < 0, a crop), K % 8 != 0 (dy's pixels are the fprop's
 input rows, which the copy engine reads in 16-byte strides), and whatever day 16 refuses for the
 equivalent fprop (`dgrad_reason`, its reasons in dgrad's terms). A fused epilogue is refused (the
@@ -37,17 +41,27 @@ the registered ``dgrad_wgmma`` takes day 16's rule (`choose_config`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from helpers.epilogue import PLAIN, Epilogue
 from helpers.problem import Conv2dProblem
-from helpers.tma import TensorMap
+from helpers.tma import ELEMENT_BYTES, TensorMap
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
-from .day16_igemm_wgmma import BY_NAME, ENTRIES, HOPPER_CC, WgmmaConfig, choose, covers, problem_reason, wgmma_launches
+from .day16_igemm_wgmma import (
+    BY_NAME,
+    ENTRIES,
+    HOPPER_CC,
+    WgmmaConfig,
+    choose,
+    covers,
+    problem_reason,
+    wgmma_launches,
+    x_map,
+)
 from .day16_igemm_wgmma import CU_FILE as FPROP_CU_FILE
 from .kit import VEC_BYTES, alignment_reason, cdiv
 
@@ -79,9 +93,54 @@ def rotated_padding(p: Conv2dProblem) -> tuple[int, int]:
     return dh * (p.R - 1) - ph, dw * (p.S - 1) - pw
 
 
-def strided_1x1(p: Conv2dProblem) -> bool:
-    """A 1 x 1 filter with a stride other than 1: dx is a GEMM's output scattered (`scatter_model`)."""
-    return p.R == p.S == 1 and p.stride != (1, 1)
+def strided(p: Conv2dProblem) -> bool:
+    """A stride other than 1: dx by phases (`phases`), each an fprop into the workspace, then the scatter."""
+    return p.stride != (1, 1)
+
+
+@dataclass(frozen=True)
+class AxisPhase:
+    """Phase ``a`` of one axis of a strided dgrad: dx rows h = a + stride·i, i < ``extent``, are
+    reached by the taps ``taps`` (ascending r with stride | a + pad − r·dil) alone; as a stride-1
+    fprop over dy they are the taps turned around, ``dil`` apart, with lower padding ``pad``."""
+
+    a: int
+    extent: int
+    taps: tuple
+    pad: int
+    dil: int
+
+    @property
+    def step(self) -> int:
+        """Taps of w between two of the phase's taps (1 for a single tap)."""
+        return self.taps[1] - self.taps[0] if len(self.taps) > 1 else 1
+
+
+def axis_phases(size: int, stride: int, pad: int, dil: int, taps: int) -> list[AxisPhase]:
+    """The ``stride`` phases of one axis (dx ``size`` long, the filter ``taps`` long): phase a's
+    rows h = a + stride·i take dy row i + (a + pad − r·dil) / stride from each tap r with
+    stride | a + pad − r·dil; turned around (t = T − 1 − j for the j-th such r) that is the
+    stride-1 fprop with dilation step·dil / stride and lower padding (r_last·dil − a − pad) / stride."""
+    out = []
+    for a in range(stride):
+        rs = tuple(r for r in range(taps) if (a + pad - r * dil) % stride == 0)
+        step = rs[1] - rs[0] if len(rs) > 1 else 1
+        out.append(AxisPhase(a=a, extent=max(0, cdiv(size - a, stride)), taps=rs,
+                             pad=(rs[-1] * dil - a - pad) // stride if rs else 0,
+                             dil=step * dil // stride if len(rs) > 1 else 1))
+    return out
+
+
+def phases(p: Conv2dProblem) -> list[tuple[AxisPhase, AxisPhase]]:
+    """Every phase (rows, columns) of ``p``, rows first: (a, b) for a < sh, b < sw."""
+    rows = axis_phases(p.H, p.stride[0], p.padding[0], p.dilation[0], p.R)
+    cols = axis_phases(p.W, p.stride[1], p.padding[1], p.dilation[1], p.S)
+    return [(r, c) for r in rows for c in cols]
+
+
+def active(ph: tuple[AxisPhase, AxisPhase]) -> bool:
+    """A phase with taps on both axes and pixels: it gets a rotate and an fprop launch."""
+    return all(a.taps and a.extent for a in ph)
 
 
 def shape_reason(p: Conv2dProblem) -> str | None:
@@ -89,11 +148,19 @@ def shape_reason(p: Conv2dProblem) -> str | None:
     stride other than 1 with a filter other than 1 x 1, padding' < 0 (stride 1)."""
     if p.groups != 1:
         return f"needs groups = 1; got {p.groups}"
-    if strided_1x1(p):
+    if strided(p):
+        if max(p.stride) > 8:
+            return f"stride {p.stride}: the scatter kernel walks at most 8 phases per axis"
+        for ph in filter(active, phases(p)):
+            pads = (ph[0].pad, ph[1].pad)
+            size = [x.extent - 2 * x.pad + x.dil * (len(x.taps) - 1) for x in ph]
+            if min(size) < 1:
+                return (f"phase {(ph[0].a, ph[1].a)}: its padding {pads} leaves no image for day 16's fprop; "
+                        "day 14's dgrad runs it")
+            if min(pads) < 0:
+                return (f"phase {(ph[0].a, ph[1].a)} would need padding {pads} (a crop), which day 16's fprop does "
+                        "not take; day 14's dgrad runs it")
         return None
-    if p.stride != (1, 1):
-        return (f"handles stride 1, and strided 1 x 1 filters, only; got stride {p.stride} with a {p.R} x {p.S} "
-                "filter: day 14's dgrad runs strided layers")
     pad = rotated_padding(p)
     if min(pad) < 0:
         reach = (p.dilation[0] * (p.R - 1), p.dilation[1] * (p.S - 1))
@@ -106,9 +173,8 @@ def shape_reason(p: Conv2dProblem) -> str | None:
 def fprop_problem(p: Conv2dProblem) -> Conv2dProblem:
     """The fprop whose output is ``p``'s dx: over dy (N images of P x Q pixels, C' = K channels),
     K' = C filters of R x S (the rotated filter), stride 1, padding' (`rotated_padding`), the same
-    dilation; its P' x Q' is H x W. A strided 1 x 1 layer (`strided_1x1`): the 1 x 1 fprop over dy
-    with the filter transposed, padding 0, whose P x Q output is dx's compact part (`scatter_model`
-    spreads it over dx).
+    dilation; its P' x Q' is H x W. A strided layer: the fprop of its phase with the most taps
+    (`phase_problem`; day 16's rule picks the configuration on it).
 
     Raises:
         ValueError: a problem `shape_reason` refuses (the message is the reason).
@@ -116,10 +182,32 @@ def fprop_problem(p: Conv2dProblem) -> Conv2dProblem:
     reason = shape_reason(p)
     if reason:
         raise ValueError(f"no fprop equivalent: {reason}")
-    if strided_1x1(p):
-        return Conv2dProblem(N=p.N, C=p.K, H=p.P, W=p.Q, K=p.C, R=1, S=1, dtype=p.dtype, layout=p.layout)
+    if strided(p):
+        return phase_problem(p, max(filter(active, phases(p)), key=lambda ph: len(ph[0].taps) * len(ph[1].taps)))
     return Conv2dProblem(N=p.N, C=p.K, H=p.P, W=p.Q, K=p.C, R=p.R, S=p.S, padding=rotated_padding(p),
                          dilation=p.dilation, dtype=p.dtype, layout=p.layout)
+
+
+def phase_problem(p: Conv2dProblem, ph: tuple[AxisPhase, AxisPhase]) -> Conv2dProblem:
+    """Phase ``ph``'s fprop as a problem day 16 plans: over dy's channels (C' = K), K' = C filters
+    of T x U taps, the phase's dilation and lower padding, and an image of Hv x Wv chosen so its
+    output is the phase's extent (Hv = extent − 2·pad + dil·(T − 1)); `phase_x_map` puts dy's real
+    size in the im2col map."""
+    r, c = ph
+    hv, wv = (x.extent - 2 * x.pad + x.dil * (len(x.taps) - 1) for x in (r, c))
+    return Conv2dProblem(N=p.N, C=p.K, H=hv, W=wv, K=p.C, R=len(r.taps), S=len(c.taps), padding=(r.pad, c.pad),
+                         dilation=(r.dil, c.dil), dtype=p.dtype, layout=p.layout)
+
+
+def phase_x_map(p: Conv2dProblem, ph: tuple[AxisPhase, AxisPhase], cfg: WgmmaConfig):
+    """The im2col map of dy for phase ``ph``: day 16's map of `phase_problem`, but over dy as it is
+    (dims K, Q, P, N) with the box from (−pad_w, −pad_h) to the phase's last pixel, (extent − 1 −
+    pad) per axis, relative to (Q − 1, P − 1); rows past dy read as zeros."""
+    r, c = ph
+    desc = x_map(phase_problem(p, ph), cfg)
+    e = ELEMENT_BYTES[p.dtype]
+    return replace(desc, dims=(p.K, p.Q, p.P, p.N), strides=(p.K * e, p.Q * p.K * e, p.P * p.Q * p.K * e),
+                   upper=(c.extent - 1 - c.pad - (p.Q - 1), r.extent - 1 - r.pad - (p.P - 1)))
 
 
 def choose_config(p: Conv2dProblem) -> WgmmaConfig | None:
@@ -147,8 +235,15 @@ def dgrad_reason(p: Conv2dProblem, cfg: WgmmaConfig | None) -> str | None:
                 "strides (K % 8 == 0); day 14's dgrad takes any K")
     if max(p.C, p.K) + ROTATE_TILE > INT32_MAX:
         return f"C = {p.C} or K = {p.K} plus a 64-wide tile does not fit the rotate kernel's int indices"
-    if strided_1x1(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1]) > INT32_MAX:
+    if strided(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1]) > INT32_MAX:
         return f"H, W = {p.H}, {p.W} plus twice the padding do not fit the scatter kernel's int indices"
+    if strided(p) and cfg is not None:
+        for ph in filter(active, phases(p)):
+            fp = phase_problem(p, ph)
+            why = problem_reason(fp, cfg) or phase_x_map(p, ph, cfg).reason()
+            if why:
+                return f"day 16's fprop of phase {(ph[0].a, ph[1].a)} ({fp.name}) refuses it: {reworded(why)}"
+        return None
     fp = fprop_problem(p)
     if cfg is None:
         return "no day-16 configuration for the equivalent fprop"
@@ -159,11 +254,44 @@ def dgrad_reason(p: Conv2dProblem, cfg: WgmmaConfig | None) -> str | None:
     return None
 
 
-def rotate_launch(p: Conv2dProblem) -> LaunchConfig:
-    """``dgrad_rotate_filter``: grid (ceil(C / 64)·ceil(K / 64), R, S) (block x: the c-tile
-    x % ceil(C / 64), the k-tile x / ceil(C / 64); y, z: the tap (r', s') of w'), 256 threads."""
+@dataclass(frozen=True)
+class Taps:
+    """The taps of w one rotated filter holds: r = rb + j·rstep (j < T), s = sb + i·sstep (i < U);
+    ``Taps.all(p)`` is the whole filter (unit stride)."""
+
+    T: int
+    U: int
+    rb: int = 0
+    rstep: int = 1
+    sb: int = 0
+    sstep: int = 1
+
+    @classmethod
+    def all(cls, p: Conv2dProblem) -> Taps:
+        return cls(T=p.R, U=p.S)
+
+    @classmethod
+    def of(cls, ph: tuple[AxisPhase, AxisPhase]) -> Taps:
+        r, c = ph
+        return cls(T=len(r.taps), U=len(c.taps), rb=r.taps[0], rstep=r.step, sb=c.taps[0], sstep=c.step)
+
+    def args(self) -> tuple:
+        return self.T, self.U, self.rb, self.rstep, self.sb, self.sstep
+
+
+def rotate_launch(p: Conv2dProblem, taps: Taps | None = None) -> LaunchConfig:
+    """``dgrad_rotate_filter``: grid (ceil(C / 64)·ceil(K / 64), T, U) (block x: the c-tile
+    x % ceil(C / 64), the k-tile x / ceil(C / 64); y, z: the tap (t, u) of w'), 256 threads."""
+    taps = taps or Taps.all(p)
     tiles = cdiv(p.C, ROTATE_TILE) * cdiv(p.K, ROTATE_TILE)
-    return LaunchConfig(grid=(tiles, p.R, p.S), block=(ROTATE_THREADS, 1, 1))
+    return LaunchConfig(grid=(tiles, taps.T, taps.U), block=(ROTATE_THREADS, 1, 1))
+
+
+def rotate(p: Conv2dProblem, name: str, taps: Taps, offset: int = 0) -> KernelLaunch:
+    """The ``dgrad_rotate_filter`` launch writing ``taps``' filter into the workspace at ``offset``."""
+    ints = (p.K, p.C, p.R, p.S, *taps.args())
+    return KernelLaunch(name, ROTATE_ENTRY, rotate_launch(p, taps),
+                        (Buffer("w"), Buffer("workspace", offset), *(np.int32(v) for v in ints)))
 
 
 def dgrad_names(args: tuple) -> tuple:
@@ -179,19 +307,48 @@ def dgrad_names(args: tuple) -> tuple:
     return tuple(out)
 
 
+def aligned(nbytes: int) -> int:
+    return cdiv(nbytes, WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def filter_offsets(p: Conv2dProblem) -> dict[tuple[int, int], int]:
+    """Byte offset in the workspace of each active phase's rotated filter (T·U·K·C elements),
+    each ``WORKSPACE_ALIGN``-aligned, in (a, b) order."""
+    out, off = {}, 0
+    for ph in filter(active, phases(p)):
+        out[(ph[0].a, ph[1].a)] = off
+        off += aligned(len(ph[0].taps) * len(ph[1].taps) * p.K * p.C * p.itemsize)
+    return out
+
+
 def compact_offset(p: Conv2dProblem) -> int:
-    """Byte offset of the compact y (a strided 1 x 1 layer's GEMM output) in the workspace: past
-    w', rounded up to ``WORKSPACE_ALIGN``."""
-    return cdiv(p.K * p.R * p.S * p.C * p.itemsize, WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    """Byte offset of the phases' compact outputs in the workspace: past the filters, aligned."""
+    return sum(aligned(len(ph[0].taps) * len(ph[1].taps) * p.K * p.C * p.itemsize)
+               for ph in filter(active, phases(p)))
 
 
-def compact_names(args: tuple, offset: int) -> tuple:
-    """`dgrad_names` of day 16's arguments, but y (its map and pointer) is the workspace at
-    ``offset``: a strided 1 x 1 layer's GEMM stores its compact P x Q output there."""
+def phase_offset(p: Conv2dProblem, ph: tuple[AxisPhase, AxisPhase]) -> int:
+    """Byte offset of phase ``ph``'s y [N][Ha][Wb][C] past `compact_offset`: N·C·(rows_before·W +
+    Ha·cols_before) elements, the phases back to back in (a, b) order, as the scatter kernel
+    computes it."""
+    r, c = ph
+    rows_before = sum(cdiv(p.H - a, p.stride[0]) for a in range(r.a))
+    cols_before = sum(cdiv(p.W - b, p.stride[1]) for b in range(c.a))
+    return p.N * p.C * (rows_before * p.W + r.extent * cols_before) * p.itemsize
+
+
+def phase_names(args: tuple, filter_at: int, y_at: int, xdesc) -> tuple:
+    """`dgrad_names` of day 16's arguments for one phase: x's map is ``xdesc`` (dy as it is), w's
+    map the workspace at ``filter_at`` (the phase's rotated filter), y (its map and pointer) the
+    workspace at ``y_at`` (the phase's compact output)."""
     out = []
     for a, renamed in zip(args, dgrad_names(args)):
-        if isinstance(a, (TensorMap, Buffer)) and a.name == "y":
-            renamed = replace(a, name="workspace", offset=offset)
+        if isinstance(a, TensorMap) and a.name == "x":
+            renamed = TensorMap("dy", xdesc)
+        elif isinstance(a, TensorMap) and a.name == "w":
+            renamed = TensorMap("workspace", a.desc, filter_at)
+        elif isinstance(a, (TensorMap, Buffer)) and a.name == "y":
+            renamed = replace(a, name="workspace", offset=y_at)
         out.append(renamed)
     return tuple(out)
 
@@ -220,24 +377,27 @@ def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None
         raise ValueError(f"dgrad_wgmma fuses no epilogue: it computes the plain dgrad; got {epilogue}")
     if cfg is None:
         raise ValueError(f"no configuration: {shape_reason(p) or 'none given'}")
-    fp = fprop_problem(p)
-    rotate = KernelLaunch("rotate", ROTATE_ENTRY, rotate_launch(p),
-                          (Buffer("w"), Buffer("workspace"), *(np.int32(v) for v in (p.K, p.C, p.R, p.S))))
-    (main,) = wgmma_launches(fp, PLAIN, cfg)
-    if not strided_1x1(p):
-        return [rotate, replace(main, name="fprop", args=dgrad_names(main.args), cu_file=FPROP_CU_FILE)]
-    off = compact_offset(p)
-    ints = (p.N, p.H, p.W, p.C, p.P, p.Q, *p.stride, *p.padding)
-    scatter = KernelLaunch("scatter", SCATTER_ENTRY, scatter_launch(p),
-                           (Buffer("workspace", off), Buffer("dx"), *(np.int32(v) for v in ints)))
-    return [rotate, replace(main, name="fprop", args=compact_names(main.args, off), cu_file=FPROP_CU_FILE), scatter]
+    if not strided(p):
+        (main,) = wgmma_launches(fprop_problem(p), PLAIN, cfg)
+        return [rotate(p, "rotate", Taps.all(p)),
+                replace(main, name="fprop", args=dgrad_names(main.args), cu_file=FPROP_CU_FILE)]
+    out, filters, base = [], filter_offsets(p), compact_offset(p)
+    for ph in filter(active, phases(p)):
+        key = (ph[0].a, ph[1].a)
+        (main,) = wgmma_launches(phase_problem(p, ph), PLAIN, cfg)
+        args = phase_names(main.args, filters[key], base + phase_offset(p, ph), phase_x_map(p, ph, cfg))
+        out += [rotate(p, f"rotate{key}", Taps.of(ph), filters[key]),
+                replace(main, name=f"fprop{key}", args=args, cu_file=FPROP_CU_FILE)]
+    ints = (p.N, p.H, p.W, p.C, *p.stride, *p.padding, *p.dilation, p.R, p.S)
+    return out + [KernelLaunch("scatter", SCATTER_ENTRY, scatter_launch(p),
+                               (Buffer("workspace", base), Buffer("dx"), *(np.int32(v) for v in ints)))]
 
 
 def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np.ndarray:
     """Writes per dx element (NHWC, flat) of the last launch: the ``fprop``'s, day 16's model
     (`covers`) of the equivalent fprop, whose y [N][H][W][C] is dx element for element; a strided
     1 x 1 layer's ``scatter`` (`scatter_writes`)."""
-    if strided_1x1(p):
+    if strided(p):
         return scatter_writes(p, launch)
     return covers(fprop_problem(p), launch, cfg)
 
@@ -260,18 +420,24 @@ def scatter_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.n
     return counts
 
 
-def scatter_model(p: Conv2dProblem, y: torch.Tensor) -> torch.Tensor:
-    """dx as ``dgrad_scatter_strided`` computes it from the compact y [N][P][Q][C], by its index
-    arithmetic: pixel (h, w) takes y[(h + ph) / sh][(w + pw) / sw] where sh divides h + ph and sw
-    divides w + pw, zeros elsewhere. Returns dx [N][H][W][C] in y's dtype."""
-    (sh, sw), (ph, pw) = p.stride, p.padding
-    h, w = torch.arange(p.H) + ph, torch.arange(p.W) + pw
-    hit = ((h % sh == 0)[:, None] & (w % sw == 0)[None, :])
-    src = y[:, (h // sh).clamp(max=p.P - 1)][:, :, (w // sw).clamp(max=p.Q - 1)]
-    return torch.where(hit[None, :, :, None], src, torch.zeros((), dtype=y.dtype))
+def scatter_model(p: Conv2dProblem, ys: torch.Tensor) -> torch.Tensor:
+    """dx as ``dgrad_scatter_strided`` computes it from the phases' compact outputs ``ys`` (the
+    workspace past `compact_offset`, flat, N·H·W·C elements), by its index arithmetic: pixel
+    (h, w) of phase (a, b) = (h mod sh, w mod sw) takes element (n, h / sh, w / sw) of that phase's
+    y [N][Ha][Wb][C] at `phase_offset`, or 0 where the phase has no tap. Returns dx [N][H][W][C]."""
+    dx = torch.zeros(p.N, p.H, p.W, p.C, dtype=ys.dtype)
+    (sh, sw) = p.stride
+    for ph in phases(p):
+        r, c = ph
+        if not (r.taps and c.taps) or not (r.extent and c.extent):
+            continue
+        start = phase_offset(p, ph) // p.itemsize
+        y = ys[start:start + p.N * r.extent * c.extent * p.C].view(p.N, r.extent, c.extent, p.C)
+        dx[:, r.a::sh, c.a::sw] = y
+    return dx
 
 
-def rotate_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.ndarray:
+def rotate_writes(p: Conv2dProblem, launch: LaunchConfig | None = None, taps: Taps | None = None) -> np.ndarray:
     """Writes per element of w' ([C][R][S][K], flat) by ``dgrad_rotate_filter`` on ``launch``
     (default `rotate_launch`), by the kernel's store arithmetic: block (x, r', s') writes rows
     c0 .. c0 + 63 (< C), filters k0 .. k0 + 63 (< K) at ((c R + r') S + s') K + k, with
@@ -280,8 +446,9 @@ def rotate_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.nd
     Raises:
         ValueError: a launch whose blocks would write outside w' (a grid past its tiles or taps).
     """
-    launch = launch or rotate_launch(p)
-    ctiles, size = cdiv(p.C, ROTATE_TILE), p.C * p.R * p.S * p.K
+    taps = taps or Taps.all(p)
+    launch = launch or rotate_launch(p, taps)
+    ctiles, size = cdiv(p.C, ROTATE_TILE), p.C * taps.T * taps.U * p.K
     counts = np.zeros(size, dtype=np.int64)
     gx, gy, gz = launch.grid
     span = np.arange(ROTATE_TILE)
@@ -290,15 +457,15 @@ def rotate_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.nd
         c, k = (c0 + span)[c0 + span < p.C], (k0 + span)[k0 + span < p.K]
         for rr in range(gy):
             for sr in range(gz):
-                off = ((c[:, None] * p.R + rr) * p.S + sr) * p.K + k[None, :]
-                if off.size and (off.min() < 0 or off.max() >= size or rr >= p.R or sr >= p.S):
+                off = ((c[:, None] * taps.T + rr) * taps.U + sr) * p.K + k[None, :]
+                if off.size and (off.min() < 0 or off.max() >= size or rr >= taps.T or sr >= taps.U):
                     raise ValueError(f"block ({x}, {rr}, {sr}) of grid {launch.grid} writes outside w' "
                                      f"({size} elements)")
                 np.add.at(counts, off.ravel(), 1)
     return counts
 
 
-def rotate_model(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
+def rotate_model(p: Conv2dProblem, w: torch.Tensor, taps: Taps | None = None) -> torch.Tensor:
     """w' as ``dgrad_rotate_filter`` computes it, by its own index arithmetic: for every block
     (x, r', s') and thread t, the load of slab row k = k0 + t / 8 (+ 32), channels c0 + 8 (t % 8)
     .. + 7, from w's flat offset ((k R + R−1−r') S + S−1−s') C + c (zeros past K and C), then the
@@ -308,13 +475,16 @@ def rotate_model(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
     Args:
         w: the filter, KRSC, any dtype (computed in float64).
 
+        taps: the taps it holds (`Taps`; default all: w turned around, unit stride).
+
     Returns:
-        w', [C][R][S][K] float64.
+        w', [C][T][U][K] float64.
     """
     K, C, R, S, T = p.K, p.C, p.R, p.S, ROTATE_TILE
+    taps = taps or Taps.all(p)
     src = w.double().reshape(-1)
-    out = torch.full((C * R * S * K,), float("nan"), dtype=torch.float64)
-    (gx, gy, gz), ctiles = rotate_launch(p).grid, cdiv(C, T)
+    out = torch.full((C * taps.T * taps.U * K,), float("nan"), dtype=torch.float64)
+    (gx, gy, gz), ctiles = rotate_launch(p, taps).grid, cdiv(C, T)
     t = torch.arange(ROTATE_THREADS)
     ch, row = t % 8, t // 8
     e = torch.arange(8)
@@ -328,7 +498,8 @@ def rotate_model(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
                     k, c = k0 + kr, c0 + 8 * ch
                     cs = c[:, None] + e[None, :]  # the thread's 8 channels
                     ok = (k[:, None] < K) & (cs < C)
-                    off = ((k[:, None] * R + (R - 1 - rr)) * S + (S - 1 - sr)) * C + cs
+                    r, s = taps.rb + (taps.T - 1 - rr) * taps.rstep, taps.sb + (taps.U - 1 - sr) * taps.sstep
+                    off = ((k[:, None] * R + r) * S + s) * C + cs
                     vals = torch.where(ok, src[torch.where(ok, off, 0)], torch.zeros((), dtype=torch.float64))
                     tile[kr[:, None], 8 * ch[:, None] + e[None, :]] = vals
                 for u in range(2):
@@ -336,17 +507,18 @@ def rotate_model(p: Conv2dProblem, w: torch.Tensor) -> torch.Tensor:
                     c, k = c0 + cr, k0 + 8 * ch
                     ks = k[:, None] + e[None, :]
                     ok = (c[:, None] < C) & (ks < K)
-                    off = ((c[:, None] * R + rr) * S + sr) * K + ks
+                    off = ((c[:, None] * taps.T + rr) * taps.U + sr) * K + ks
                     vals = tile[8 * ch[:, None] + e[None, :], cr[:, None]]
                     out[off[ok]] = vals[ok]
-    return out.reshape(C, R, S, K)
+    return out.reshape(C, taps.T, taps.U, K)
 
 
 def workspace_bytes(p: Conv2dProblem) -> int:
-    """The rotated filter w': K·R·S·C elements of ``p``'s dtype; a strided 1 x 1 layer adds the
-    compact y, N·P·Q·C elements, from `compact_offset`."""
-    if strided_1x1(p):
-        return compact_offset(p) + p.N * p.P * p.Q * p.C * p.itemsize
+    """The rotated filter w': K·R·S·C elements of ``p``'s dtype; a strided layer: each active
+    phase's filter (`filter_offsets`), then the phases' compact outputs, N·H·W·C elements in all
+    (`compact_offset`)."""
+    if strided(p):
+        return compact_offset(p) + p.N * p.H * p.W * p.C * p.itemsize
     return p.K * p.R * p.S * p.C * p.itemsize
 
 

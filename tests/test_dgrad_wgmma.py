@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from days import day17_dgrad_wgmma as d17
-from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, covers, wgmma_launches
+from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, wgmma_launches
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
@@ -117,7 +117,7 @@ def test_fprop_problem_and_its_refusals():
     assert (fp.N, fp.C, fp.H, fp.W, fp.K, fp.R, fp.S) == (2, 16, p.P, p.Q, 24, 3, 2)
     assert fp.padding == (3, 1) and fp.dilation == (2, 1) and (fp.op, fp.dtype, fp.layout) == ("fprop", "fp16", "NHWC")
     assert (fp.P, fp.Q) == (p.H, p.W) and fp.y_shape == p.x_shape
-    for bad in (replace(p, stride=(2, 1), name=""), replace(p, padding=(5, 0), name="")):
+    for bad in (replace(p, stride=(2, 1), padding=(5, 0), name=""), replace(p, padding=(5, 0), name="")):
         with pytest.raises(ValueError, match="no fprop equivalent"):
             d17.fprop_problem(bad)
 
@@ -185,7 +185,7 @@ def test_launches_are_rotate_then_day_16s_fprop_renamed(p):
     rotate, main = V.launches(p)
     assert (rotate.name, rotate.entry, rotate.config) == ("rotate", "dgrad_rotate_filter", d17.rotate_launch(p))
     assert rotate.args[:2] == (Buffer("w"), Buffer("workspace"))
-    assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S]
+    assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S, p.R, p.S, 0, 1, 0, 1]
     assert all(type(a) is np.int32 for a in rotate.args[2:])
     (want,) = wgmma_launches(fp, PLAIN, plan.config)
     assert (main.name, main.entry, main.config) == ("fprop", want.entry, want.config)
@@ -211,7 +211,7 @@ def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     ``fprop`` launch describes (its sizes, stride, padding and dilation arguments, its maps' dims)
     over dy. NHWC dy [N][P][Q][K] and KRSC w in; dx out as logical NCHW (the reference's view)."""
     rotate, main = V.launches(p)
-    assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S]
+    assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S, p.R, p.S, 0, 1, 0, 1]
     wr = d17.rotate_model(p, w)  # [C][R][S][K]
     xmap, wmap = main.args[0].desc, main.args[1].desc
     M, Kp, Pp, Qp, sh, sw, ph, pw, dh, dw, S, taps, cblocks, _ = (int(a) for a in main.args[6:20])
@@ -295,9 +295,8 @@ def test_build_target_is_sm90a_only():
 
 BASE = dict(N=2, C=24, H=9, W=10, K=16, R=3, S=3, padding=1)
 REFUSED = [
-    (dict(stride=2), "dgrad_wgmma: handles stride 1, and strided 1 x 1 filters, only; got stride (2, 2) with a "
-                     "3 x 3 filter: day 14's dgrad runs strided layers"),
-    (dict(stride=(1, 2)), "got stride (1, 2)"),
+    (dict(R=2, S=2, stride=3), "dgrad_wgmma: phase (0, 2) would need padding (0, -1) (a crop)"),
+    (dict(stride=9), "stride (9, 9): the scatter kernel walks at most 8 phases per axis"),
     (dict(C=16, groups=2), "groups = 1; got 2"),
     (dict(padding=(3, 1)), "padding (3, 1) reaches past the dilated filter (dil_h (R-1), dil_w (S-1)) = (2, 2)"),
     (dict(padding=(1, 3)), "would need padding (1, -1)"),
@@ -360,12 +359,12 @@ def test_misaligned_tensors_are_refused_where_a_kernel_needs_them_aligned(C, ref
 
 
 def test_a_refused_problem_has_no_launches():
-    p = dgrad(**{**BASE, "stride": 2})
+    p = dgrad(**{**BASE, "stride": 9})
     plan = V.plan(p)
     assert plan.config is None and plan.reason
-    with pytest.raises(ValueError, match="no configuration: handles stride 1, and strided 1 x 1"):
+    with pytest.raises(ValueError, match="no configuration: stride"):
         _ = plan.launches
-    with pytest.raises(UnsupportedProblem, match="strided 1 x 1 filters, only"):
+    with pytest.raises(UnsupportedProblem, match="at most 8 phases"):
         prepare(V, p, *p.make_inputs())
 
 
@@ -443,79 +442,93 @@ def test_the_rotate_kernel_alone_builds_for_sm90a_without_spills():
     assert choose(d17.fprop_problem(CLAIMED[2])).entry("fp16") in day16
 
 
-# ---- strided 1 x 1 layers: a GEMM, then the scatter ------------------------------------------------
+# ---- strided layers: one fprop per phase, then the scatter -------------------------------------------
 
-STRIDED_1X1 = [
+STRIDED = [
     dgrad(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),  # a ResNet-50 downsample, small
-    dgrad(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),  # stride 3 > the filter, odd W
-    dgrad(N=3, C=5, H=11, W=8, K=16, R=1, S=1, stride=(2, 3), padding=(1, 2)),  # C odd: the threads store
-    dgrad(N=2, C=72, H=13, W=7, K=40, R=1, S=1, stride=(2, 1), dilation=(1, 2)),  # dilation: a 1 x 1 ignores it
-    dgrad(N=1, C=136, H=9, W=16, K=8, R=1, S=1, stride=(1, 2), padding=(2, 0)),
+    dgrad(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),  # stride 3 > the filter: tapless phases
+    dgrad(N=2, C=16, H=14, W=12, K=24, R=3, S=3, stride=2, padding=1),  # ResNet's strided 3 x 3, even
+    dgrad(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1),  # odd sizes
+    dgrad(N=2, C=8, H=32, W=30, K=64, R=7, S=7, stride=2, padding=3),  # the stem
+    dgrad(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1, dilation=(2, 1)),
+    dgrad(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0)),  # an even filter
+    dgrad(N=2, C=5, H=13, W=7, K=40, R=3, S=3, stride=2, padding=1),  # C odd: the threads store
 ]
 
 
-@pytest.mark.parametrize("p", STRIDED_1X1, ids=lambda p: p.name)
-def test_a_strided_1x1_dgrad_is_the_transposed_gemm_scattered(p):
-    """dx = torch's conv2d_input (float64) = `scatter_model` of the 1 x 1 fprop over dy with the
-    filter transposed (`fprop_problem`: P x Q out, stride 1, padding 0): every dx pixel that no dy
-    pixel reaches is 0."""
-    g = torch.Generator().manual_seed(3)
-    dy = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64)
-    w = torch.randn(p.K, p.C, 1, 1, generator=g, dtype=torch.float64)
-    want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, stride=p.stride, padding=p.padding)
-    fp = d17.fprop_problem(p)
-    assert (fp.C, fp.K, fp.H, fp.W, fp.P, fp.Q, fp.R, fp.stride, fp.padding) == (
-        p.K, p.C, p.P, p.Q, p.P, p.Q, 1, (1, 1), (0, 0))
-    y = F.conv2d(dy, rotated_kcrs(w)).permute(0, 2, 3, 1)  # the GEMM's compact output, NHWC
-    got = d17.scatter_model(p, y).permute(0, 3, 1, 2)
-    assert torch.equal(got, want) or torch.allclose(got, want, rtol=1e-12, atol=1e-12)
-    ref = reference(p, dy.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous())  # NHWC, KRSC in
-    assert torch.allclose(ref.double(), got, rtol=1e-12, atol=1e-12)
-    reached = torch.zeros(p.H, p.W, dtype=torch.bool)
-    reached[-p.padding[0] % p.stride[0]::p.stride[0], -p.padding[1] % p.stride[1]::p.stride[1]] = True  # sh | h + ph
-    assert (got[:, :, ~reached] == 0).all() and got[:, :, reached].abs().min() > 0
-    assert p.padding != (0, 0) or p.P * p.Q == int(reached.sum())  # unpadded: each dy pixel reaches one
+def simulate_phases(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """dx from the strided plan's own launch arguments, in float64: per phase, the rotated filter
+    by `rotate_model` on the rotate launch's taps, the fprop its launch describes (dy as its map
+    holds it, the lower padding, the phase's extent as P x Q, the dilation), its output placed at
+    the launch's workspace offset; then `scatter_model`. Logical NCHW out."""
+    launches, base = V.launches(p), d17.compact_offset(p)
+    ys = torch.full((p.N * p.H * p.W * p.C,), float("nan"), dtype=torch.float64)
+    for rot, fp in zip(launches[0:-1:2], launches[1:-1:2]):
+        K, C, R, S, T, U, rb, rs, sb, ss = (int(a) for a in rot.args[2:])
+        assert (K, C, R, S) == (p.K, p.C, p.R, p.S) and rot.name == "rotate" + fp.name.removeprefix("fprop")
+        wr = d17.rotate_model(p, w, d17.Taps(T, U, rb, rs, sb, ss))
+        xmap = fp.args[0].desc
+        M, Kp, Pp, Qp, sh, sw, ph, pw, dh, dw, S2, taps, _, _ = (int(a) for a in fp.args[6:20])
+        assert xmap.dims == (p.K, p.Q, p.P, p.N) and xmap.lower == (-pw, -ph) and (sh, sw) == (1, 1)
+        assert xmap.upper == (Qp - 1 - pw - (p.Q - 1), Pp - 1 - ph - (p.P - 1)) and (S2, taps) == (U, T * U)
+        x = dy.double().permute(0, 3, 1, 2)
+        bottom, right = max(0, Pp + dh * (T - 1) - p.P), max(0, Qp + dw * (U - 1) - p.Q)
+        out = F.conv2d(F.pad(x, (pw, right, ph, bottom)), wr.permute(0, 3, 1, 2), dilation=(dh, dw))[:, :, :Pp, :Qp]
+        (y,) = [a for a in fp.args if isinstance(a, Buffer) and a.name == "workspace"]
+        start = (y.offset - base) // p.itemsize
+        ys[start:start + out.numel()] = out.permute(0, 2, 3, 1).reshape(-1)
+    scatter = launches[-1]
+    assert scatter.args[:2] == (Buffer("workspace", base), Buffer("dx"))
+    assert [int(a) for a in scatter.args[2:]] == [p.N, p.H, p.W, p.C, *p.stride, *p.padding, *p.dilation, p.R, p.S]
+    return d17.scatter_model(p, ys).permute(0, 3, 1, 2)
 
 
-def test_a_scatter_off_by_the_padding_is_caught():
-    """The planted fault: the scatter places y at h / sh instead of (h + ph) / sh."""
-    p = STRIDED_1X1[2]
-    g = torch.Generator().manual_seed(8)
-    dy = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64)
-    w = torch.randn(p.K, p.C, 1, 1, generator=g, dtype=torch.float64)
-    want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, stride=p.stride, padding=p.padding)
-    y = F.conv2d(dy, rotated_kcrs(w)).permute(0, 2, 3, 1)
-    unpadded = replace(p, padding=(0, 0), name="")
-    bad = d17.scatter_model(unpadded, y[:, :unpadded.P, :unpadded.Q]).permute(0, 3, 1, 2)
-    assert not torch.allclose(bad, want)
-
-
-@pytest.mark.parametrize("p", STRIDED_1X1, ids=lambda p: p.name)
-def test_strided_1x1_launches_rotate_gemm_scatter(p):
-    """``rotate`` (a transpose), ``fprop`` (day 16's 1 x 1 launch over dy, its y the workspace at
-    `compact_offset`: 128-byte aligned, past w'), ``scatter`` (y at that offset, dx, and the sizes);
-    the workspace holds both; the last launch writes every dx element once."""
+@pytest.mark.parametrize("p", STRIDED, ids=lambda p: p.name)
+def test_a_strided_dgrad_is_its_phases_fprops_scattered(p):
+    """The launches' arguments give dx (the harness's float64 reference, torch's conv2d_input) on
+    strided problems: 1 x 1, 3 x 3, the 7 x 7 stem, stride 3 (phases with no tap: zeros), an even
+    filter, dilation, stride (2, 1) and (1, 2), odd sizes; the scatter writes every dx element once."""
     assert V.supports(p, smem_limit=HOPPER_SMEM) is None, V.supports(p, smem_limit=HOPPER_SMEM)
-    plan, fp = V.plan(p), d17.fprop_problem(p)
-    rotate, main, scatter = plan.launches
-    off = d17.compact_offset(p)
-    assert off % 128 == 0 and off >= 2 * p.K * p.C and V.workspace_bytes(p) == off + 2 * p.N * p.P * p.Q * p.C
-    (want,) = wgmma_launches(fp, PLAIN, plan.config)
-    assert (main.name, main.entry, main.config, main.cu_file) == ("fprop", want.entry, want.config, d17.FPROP_CU_FILE)
-    ys = [a for a in main.args if isinstance(a, (TensorMap, Buffer)) and a.name == "workspace"]
-    assert [type(a).__name__ for a in ys] == ["TensorMap"] + (["TensorMap"] if p.C % 8 == 0 else []) + ["Buffer"]
-    assert [a.offset for a in ys] == [0] + [off] * (len(ys) - 1)  # w' at 0; y (map, pointer) at the offset
-    assert not any(isinstance(a, (TensorMap, Buffer)) and a.name == "dx" for a in main.args)
-    assert (scatter.name, scatter.entry, scatter.cu_file) == ("scatter", "dgrad_scatter_strided", None)
-    assert scatter.args[:2] == (Buffer("workspace", off), Buffer("dx"))
-    assert [int(a) for a in scatter.args[2:]] == [p.N, p.H, p.W, p.C, p.P, p.Q, *p.stride, *p.padding]
-    assert (plan.covers() == 1).all() and plan.covers().shape == (p.x_numel,)
-    assert (covers(fp, main.config, plan.config) == 1).all()  # the GEMM writes its compact y once
+    dy, w = p.make_inputs(seed=2)
+    got, want = simulate_phases(p, dy, w), reference(p, dy, w).double()
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert (V.plan(p).covers() == 1).all() and V.covers(p).shape == (p.x_numel,)
+
+
+def test_a_phase_filter_not_turned_around_is_caught(monkeypatch):
+    """The planted fault: each phase's taps kept in w's order (not turned around)."""
+    p = STRIDED[2]
+    dy, w = p.make_inputs(seed=3)
+    real = d17.rotate_model
+    monkeypatch.setattr(d17, "rotate_model", lambda q, w_, taps=None: real(q, w_, taps).flip(1, 2))
+    assert not torch.allclose(simulate_phases(p, dy, w), reference(p, dy, w).double())
+
+
+@pytest.mark.parametrize("size, stride, pad, dil, taps, want", [
+    (14, 2, 1, 1, 3, [(0, 7, (1,), 0, 1), (1, 7, (0, 2), 0, 1)]),  # ResNet's 3 x 3 stride 2
+    (10, 3, 0, 1, 1, [(0, 4, (0,), 0, 1), (1, 3, (), 0, 1), (2, 3, (), 0, 1)]),  # 1 x 1 stride 3
+    (32, 2, 3, 1, 7, [(0, 16, (1, 3, 5), 1, 1), (1, 16, (0, 2, 4, 6), 1, 1)]),  # the stem
+    (15, 2, 1, 2, 3, [(0, 8, (), 0, 1), (1, 7, (0, 1, 2), 1, 1)]),  # dilation 2: every tap in one phase
+])
+def test_axis_phases(size, stride, pad, dil, taps, want):
+    got = [(a.a, a.extent, a.taps, a.pad, a.dil) for a in d17.axis_phases(size, stride, pad, dil, taps)]
+    assert got == want
+
+
+@pytest.mark.parametrize("K, C, taps", [(8, 3, d17.Taps(2, 1, 0, 2, 1, 1)), (70, 65, d17.Taps(3, 2, 1, 2, 0, 3))])
+def test_rotate_model_of_a_phase_is_its_taps_turned_around(K, C, taps):
+    p = dgrad(N=1, C=C, H=12, W=12, K=K, R=7, S=7, stride=2, padding=3)
+    w = torch.randn(K, 7, 7, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = d17.rotate_model(p, w, taps)
+    rs = [taps.rb + j * taps.rstep for j in range(taps.T)][::-1]
+    ss = [taps.sb + i * taps.sstep for i in range(taps.U)][::-1]
+    assert torch.equal(got, w[:, rs][:, :, ss].permute(3, 1, 2, 0))
+    assert (d17.rotate_writes(p, taps=taps) == 1).all()
 
 
 @pytest.mark.parametrize("grid", [1, 3, 1000])
 def test_the_scatter_grid_stride_loop_writes_every_element_once(grid):
-    p = STRIDED_1X1[2]
+    p = STRIDED[-1]
     launch = replace(d17.scatter_launch(p), grid=(grid, 1, 1))
     assert (d17.scatter_writes(p, launch) == 1).all()
-    assert d17.scatter_launch(STRIDED_1X1[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)
+    assert d17.scatter_launch(STRIDED[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)

@@ -1,5 +1,5 @@
-// Day 17 - dgrad_wgmma: unit-stride dgrad on day 16's Hopper kernel, unchanged, after one small
-// kernel that turns the filter around.
+// Day 17 - dgrad_wgmma: dgrad on day 16's Hopper kernel, unchanged, after one small kernel that
+// turns the filter around; strided layers phase by phase, merged by a scatter kernel (below).
 // NHWC dy [N][P][Q][K] and dx [N][H][W][C], KRSC w [K][R][S][C]; fp16/bf16, fp32 accumulation.
 //
 // With stride 1, dgrad is an fprop. An input pixel h collects, for every tap r, the dy row
@@ -21,6 +21,8 @@
 //                         and nothing of it is in this file) with dy as x, wr as w and dx as y: its
 //                         im2col map walks dy, its tiled map reads wr, its epilogue stores dx; a
 //                         plain epilogue (no Cin, bias, ReLU).
+// A strided layer: a rotate and an fprop per phase (each into the workspace), then
+//   dgrad_scatter_strided every phase's output -> dx, zeros where no tap reaches (this file).
 //
 // dgrad_rotate_filter: grid (ceil(C / 64) * ceil(K / 64), R, S), block 256, 8,448 bytes of static
 // shared memory. Block (x, r', s') takes the c-tile x % ceil(C / 64), k-tile x / ceil(C / 64) of
@@ -46,14 +48,18 @@ constexpr int ROT_TILE = 64;      // filters x channels per block and tap
 constexpr int ROT_ROW = 66;       // halves per shared row: 33 words, so a warp's 32-bit stores spread over 32 banks
 constexpr int ROT_THREADS = 256;  // 8 threads per 64-element row, 32 rows per pass, two passes
 
-extern "C" __global__ void __launch_bounds__(ROT_THREADS) dgrad_rotate_filter(const u16* __restrict__ w,
-                                                                              u16* __restrict__ wr, int K, int C,
-                                                                              int R, int S) {
+// Strided layers run one such filter per phase (below): the taps r = rb + j rstep, s = sb + i sstep
+// of w that reach the phase's dx pixels, T x U of them, turned around:
+//   wr[c][t][u][k] = w[k][rb + (T - 1 - t) rstep][sb + (U - 1 - u) sstep][c]
+// (unit stride: T = R, U = S, rb = sb = 0, rstep = sstep = 1, the filter above). Grid (tiles, T, U).
+extern "C" __global__ void __launch_bounds__(ROT_THREADS)
+    dgrad_rotate_filter(const u16* __restrict__ w, u16* __restrict__ wr, int K, int C, int R, int S, int T, int U,
+                        int rb, int rstep, int sb, int sstep) {
     __shared__ __align__(16) u16 tile[ROT_TILE][ROT_ROW];  // [k][c] of the slab
     const int ctiles = CEIL_DIV(C, ROT_TILE);
     const int c0 = (int)(blockIdx.x % ctiles) * ROT_TILE, k0 = (int)(blockIdx.x / ctiles) * ROT_TILE;
-    const int rr = blockIdx.y, sr = blockIdx.z;  // the tap (r', s') of wr
-    const int r = R - 1 - rr, s = S - 1 - sr;    // the tap of w it holds
+    const int rr = blockIdx.y, sr = blockIdx.z;                             // the tap (t, u) of wr
+    const int r = rb + (T - 1 - rr) * rstep, s = sb + (U - 1 - sr) * sstep;  // the tap of w it holds
     const int tid = threadIdx.x, ch = tid % 8, row = tid / 8;
     const bool vec_in = C % 8 == 0, vec_out = K % 8 == 0;
 #pragma unroll
@@ -76,12 +82,12 @@ extern "C" __global__ void __launch_bounds__(ROT_THREADS) dgrad_rotate_filter(co
         for (int j = 0; j < 4; ++j) dst[j] = v[j];
     }
     __syncthreads();
-    const idx_t tap = ((idx_t)rr * S + sr) * K;  // wr[c][r'][s'][k] = wr + (c R S + r' S + s') K + k
+    const idx_t tap = ((idx_t)rr * U + sr) * K;  // wr[c][t][u][k] = wr + (c T U + t U + u) K + k
 #pragma unroll
     for (int u = 0; u < 2; ++u) {  // rows c of wr's tap, 8 filters per thread
         const int cr = row + 32 * u, c = c0 + cr, k = k0 + 8 * ch;
         if (c >= C || k >= K) continue;
-        u16* out = wr + (idx_t)c * R * S * K + tap + k;
+        u16* out = wr + (idx_t)c * T * U * K + tap + k;
         u16 v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = tile[8 * ch + e][cr];
@@ -96,34 +102,53 @@ extern "C" __global__ void __launch_bounds__(ROT_THREADS) dgrad_rotate_filter(co
     }
 }
 
-// dgrad_scatter_strided: the strided 1 x 1 layer (R = S = 1, stride (sh, sw), padding (ph, pw)).
-// Input pixel (h, w) is reached by one dy pixel, ((h + ph) / sh, (w + pw) / sw), when sh divides
-// h + ph and sw divides w + pw, and by none otherwise; so dx is day 16's fprop over dy with the
-// filter transposed (a GEMM of M = N P Q, N = C, K = K) into a compact y[N][P][Q][C] in the
-// workspace, then this kernel:
-//   dx[n][h][w][c] = y[n][(h + ph) / sh][(w + pw) / sw][c] where both divide, else 0,
-// one pass over dx that writes the zeros too (day 14 fills them in a pass of their own).
-// Thread t of the grid-stride loop takes 8 channels of one dx pixel: vector i = t + j * stride
-// covers pixel i / cvec, channels 8 (i % cvec) .. + 7, cvec = ceil(C / 8); one 16-byte load and
+// Strided layers (stride (sh, sw) > 1) by phases. Input row h is reached only by the taps r with
+// sh | h + ph - r dh, which depend on a = h mod sh alone: the phase. For phase (a, b) the rows
+// h = a + sh i (i < Ha = ceil((H - a) / sh)) and columns w = b + sw j (j < Wb) of dx are a stride-1
+// fprop over dy with that phase's T x U taps, turned around (dgrad_rotate_filter above, with
+// rb = the first such r, rstep = sh / gcd(sh, dh)), dilation rstep dh / sh and padding
+// (r_last dh - a - ph) / sh (Python: days/day17_dgrad_wgmma.py, phases). Each phase's fprop (day
+// 16's kernel) stores its compact y_ab[N][Ha][Wb][C] into the workspace, the phases back to back
+// in (a, b) order: phase (a, b) starts N C (rows_before(a) W + Ha cols_before(b)) elements in,
+// rows_before(a) = sum over a' < a of Ha'. A 1 x 1 filter has one phase with a tap.
+//
+// dgrad_scatter_strided then writes all of dx in one pass:
+//   dx[n][h][w][c] = y_ab[n][h / sh][w / sw][c], (a, b) = (h mod sh, w mod sw), or 0 where the
+//   phase has no tap (no dy pixel reaches the pixel: day 14 fills those in a pass of its own).
+// Thread t of the grid-stride loop takes 8 channels of one dx pixel: vector v = t + j * stride
+// covers pixel v / cvec, channels 8 (v % cvec) .. + 7, cvec = ceil(C / 8); one 16-byte load and
 // store when C % 8 == 0, else element by element. Every dx element is written exactly once
-// (Python: days/day17_dgrad_wgmma.py, scatter_writes). Assumes: y and dx 16-byte aligned when
-// C % 8 == 0 (y: the workspace at a 128-byte offset; dx: checked in Python).
+// (Python: scatter_writes). Assumes: y and dx 16-byte aligned when C % 8 == 0 (y: the workspace at
+// a 128-byte offset, each phase a multiple of 8 channels in; dx: checked in Python), sh, sw <= 8.
 constexpr int SCATTER_THREADS = 256;
 
+__device__ __forceinline__ int phase_extent(int size, int a, int stride) { return (size - a + stride - 1) / stride; }
+
+__device__ __forceinline__ bool phase_has_tap(int a, int pad, int dil, int stride, int taps) {
+    for (int r = 0; r < taps; ++r)
+        if ((a + pad - r * dil) % stride == 0) return true;
+    return false;
+}
+
 extern "C" __global__ void __launch_bounds__(SCATTER_THREADS)
-    dgrad_scatter_strided(const u16* __restrict__ y, u16* __restrict__ dx, int N, int H, int W, int C, int P, int Q,
-                          int sh, int sw, int ph, int pw) {
+    dgrad_scatter_strided(const u16* __restrict__ y, u16* __restrict__ dx, int N, int H, int W, int C, int sh, int sw,
+                          int ph, int pw, int dh, int dw, int R, int S) {
     const int cvec = CEIL_DIV(C, 8);
     const idx_t total = (idx_t)N * H * W * cvec;
     const bool vec = C % 8 == 0;
-    for (idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (idx_t)gridDim.x * blockDim.x) {
-        const idx_t pix = i / cvec;  // (n H + h) W + w
-        const int c = (int)(i % cvec) * 8, w = (int)(pix % W);
+    for (idx_t v = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; v < total; v += (idx_t)gridDim.x * blockDim.x) {
+        const idx_t pix = v / cvec;  // (n H + h) W + w
+        const int c = (int)(v % cvec) * 8, w = (int)(pix % W);
         const idx_t nh = pix / W;
         const int h = (int)(nh % H), n = (int)(nh / H);
-        // A hit's dy row p = (h + ph) / sh is below P = (H + 2 ph - 1) / sh + 1, as h + ph < H + 2 ph.
-        const bool hit = (h + ph) % sh == 0 && (w + pw) % sw == 0;
-        const u16* src = y + (((idx_t)n * P + (h + ph) / sh) * Q + (w + pw) / sw) * C + c;
+        const int a = h % sh, b = w % sw;
+        const bool hit = phase_has_tap(a, ph, dh, sh, R) && phase_has_tap(b, pw, dw, sw, S);
+        int rows_before = 0, cols_before = 0;
+        for (int i = 0; i < a; ++i) rows_before += phase_extent(H, i, sh);
+        for (int j = 0; j < b; ++j) cols_before += phase_extent(W, j, sw);
+        const int Ha = phase_extent(H, a, sh), Wb = phase_extent(W, b, sw);
+        const idx_t base = (idx_t)N * C * ((idx_t)rows_before * W + (idx_t)Ha * cols_before);
+        const u16* src = y + base + (((idx_t)n * Ha + h / sh) * Wb + w / sw) * C + c;
         u16* dst = dx + pix * C + c;
         if (vec) {
             *reinterpret_cast<uint4*>(dst) = hit ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
