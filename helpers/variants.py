@@ -16,7 +16,7 @@ A `Variant` ties a ``.cu`` file to plain functions of the problem:
   the op's tensors x, w, y (or dy, dx, dw), ``workspace``, the epilogue operands ``cin`` and
   ``bias``), tensor maps for the copy engine by tensor name (`helpers.tma.TensorMap`: day 16) and
   scalars as numpy values (``np.int32``, ``np.float32``, as pycuda needs). A launch is built from
-  the variant's ``.cu`` file unless it names its own (`KernelLaunch.cu_file`: day 17 runs day 16's
+  the variant's ``.cu`` file unless it names its own (`KernelLaunch.cu_file`: day 18 runs day 16's
   kernel, built from day 16's file);
 * ``covers_fn(problem, launch_config[, config]) -> np.ndarray``: a Python model of the last
   launch (the one that writes the output): how many times it writes each output element, so
@@ -100,7 +100,7 @@ class KernelLaunch:
     variant's own ``defines`` for this launch's build (e.g. the one tile a tuner's candidate
     compiles alone). ``cu_file``: the ``kernels/conv2d`` file this launch's entry is built from;
     None: the variant's ``cu_file`` (`source`). A launch names its own file when its kernel is
-    another day's, built from that day's file as it is (day 17 runs day 16's fprop after its own
+    another day's, built from that day's file as it is (day 18 runs day 16's fprop after its own
     kernel), instead of one ``.cu`` including another's."""
 
     name: str

@@ -143,12 +143,12 @@ def test_variant_entries_see_every_load_path():
 
 
 def test_variant_files_are_the_variants_own_but_where_a_launch_names_another():
-    """Every variant builds its own file alone, but day 17, whose fprop launch is built from day 16's."""
+    """Every variant builds its own file alone, but day 18, whose fprop launch is built from day 16's."""
     files = {v.name: variant_files(v) for v in all_variants()}
-    assert {n: f for n, f in files.items() if len(f) > 1} == {"dgrad_wgmma": {"17_dgrad_wgmma.cu", "16_igemm_wgmma.cu"}}
-    day17 = variant_entries(get("dgrad_wgmma"))
-    assert day17["17_dgrad_wgmma.cu"] == {"dgrad_rotate_filter", "dgrad_scatter_strided"}  # ResNet-50's strided 1 x 1
-    assert day17["16_igemm_wgmma.cu"] and all(e.startswith("igemm_wgmma_") for e in day17["16_igemm_wgmma.cu"])
+    assert {n: f for n, f in files.items() if len(f) > 1} == {"dgrad_wgmma": {"18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"}}
+    day18 = variant_entries(get("dgrad_wgmma"))
+    assert day18["18_dgrad_wgmma.cu"] == {"dgrad_rotate_filter", "dgrad_scatter_strided"}  # strided layers
+    assert day18["16_igemm_wgmma.cu"] and all(e.startswith("igemm_wgmma_") for e in day18["16_igemm_wgmma.cu"])
 
 
 @pytest.mark.nvcc
@@ -274,9 +274,9 @@ def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_
     assert keys() == before
 
 
-@pytest.mark.parametrize("edited", ["17_dgrad_wgmma.cu", "16_igemm_wgmma.cu", "hopper.cuh", "conv2d_common.cuh"])
+@pytest.mark.parametrize("edited", ["18_dgrad_wgmma.cu", "16_igemm_wgmma.cu", "hopper.cuh", "conv2d_common.cuh"])
 def test_an_edit_to_any_file_a_plan_builds_from_changes_its_key(edited, tmp_path, monkeypatch):
-    """Day 17's plan builds from two files (its rotate kernel's, day 16's for the fprop launch):
+    """Day 18's plan builds from two files (its rotate kernel's, day 16's for the fprop launch):
     the key its kernels are kept under (`helpers.launch.sources_key`) follows an edit to either,
     and to a header either includes; undoing the edit finds the old key."""
     from helpers.launch import sources_key
@@ -290,7 +290,7 @@ def test_an_edit_to_any_file_a_plan_builds_from_changes_its_key(edited, tmp_path
     v = get("dgrad_wgmma")
     plan = v.plan(Conv2dProblem(N=2, C=24, H=9, W=10, K=16, R=3, S=3, padding=1, op="dgrad", dtype="fp16",
                                 layout="NHWC"))
-    assert plan.sources == ("17_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
+    assert plan.sources == ("18_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
     before = sources_key(plan)
     path = kdir / edited
     original = path.read_text()

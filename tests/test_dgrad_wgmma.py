@@ -1,5 +1,5 @@
-"""Day 17 on the CPU: unit-stride dgrad as day 16's fprop over dy with the filter turned around
-(`days.day17_dgrad_wgmma`; tests/gpu/test_dgrad_wgmma_gpu.py runs the kernels).
+"""Day 18 on the CPU: unit-stride dgrad as day 16's fprop over dy with the filter turned around
+(`days.day18_dgrad_wgmma`; tests/gpu/test_dgrad_wgmma_gpu.py runs the kernels).
 
 * the identity itself, in float64 with torch: ``torch.nn.grad.conv2d_input`` (and
   ``conv_transpose2d``, and the harness's reference) equals the fprop over dy with the filter
@@ -18,7 +18,7 @@
 * refusals, each naming its value: stride 2 (day 14's dgrad), groups, padding past the dilated
   filter (padding' < 0), K % 8 != 0, day 16's own limits in dgrad's terms, misaligned dy, dx, w;
   a fused epilogue;
-* each launch built from its own file: ``rotate`` from the variant's ``17_dgrad_wgmma.cu``,
+* each launch built from its own file: ``rotate`` from the variant's ``18_dgrad_wgmma.cu``,
   ``fprop`` from day 16's ``16_igemm_wgmma.cu`` (`helpers.variants.KernelLaunch.cu_file`), the
   very module day 16 builds for that entry; the plan's kernels are built again when either file's
   source hash changes;
@@ -35,7 +35,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from days import day17_dgrad_wgmma as d17
+from days import day18_dgrad_wgmma as d18
 from days.day16_igemm_wgmma import ENTRIES, PERSISTENT_MODES, choose, wgmma_launches
 from helpers import compile as hc
 from helpers import tma
@@ -89,7 +89,7 @@ def test_unit_stride_dgrad_is_the_fprop_of_the_rotated_filter(p):
     dy = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64)
     w = torch.randn(p.K, p.C, p.R, p.S, generator=g, dtype=torch.float64)
     want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, padding=p.padding, dilation=p.dilation)
-    fp = d17.fprop_problem(p)
+    fp = d18.fprop_problem(p)
     assert (fp.P, fp.Q, fp.C, fp.K, fp.stride) == (p.H, p.W, p.K, p.C, (1, 1))
     got = F.conv2d(dy, rotated_kcrs(w), padding=fp.padding, dilation=fp.dilation)
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -105,7 +105,7 @@ def test_a_filter_not_turned_around_is_caught():
     dy, w = torch.randn(p.N, p.K, p.P, p.Q, generator=g, dtype=torch.float64), \
         torch.randn(p.K, p.C, p.R, p.S, generator=g, dtype=torch.float64)
     want = torch.nn.grad.conv2d_input((p.N, p.C, p.H, p.W), w, dy, padding=p.padding, dilation=p.dilation)
-    fp = d17.fprop_problem(p)
+    fp = d18.fprop_problem(p)
     for bad in (w.transpose(0, 1), w.flip(2).transpose(0, 1), w.flip(3).transpose(0, 1)):
         got = F.conv2d(dy, bad, padding=fp.padding, dilation=fp.dilation)
         assert not torch.allclose(got, want)
@@ -113,13 +113,13 @@ def test_a_filter_not_turned_around_is_caught():
 
 def test_fprop_problem_and_its_refusals():
     p = dgrad(N=2, C=24, H=9, W=10, K=16, R=3, S=2, padding=(1, 0), dilation=(2, 1))
-    fp = d17.fprop_problem(p)
+    fp = d18.fprop_problem(p)
     assert (fp.N, fp.C, fp.H, fp.W, fp.K, fp.R, fp.S) == (2, 16, p.P, p.Q, 24, 3, 2)
     assert fp.padding == (3, 1) and fp.dilation == (2, 1) and (fp.op, fp.dtype, fp.layout) == ("fprop", "fp16", "NHWC")
     assert (fp.P, fp.Q) == (p.H, p.W) and fp.y_shape == p.x_shape
     for bad in (replace(p, stride=(2, 1), padding=(5, 0), name=""), replace(p, padding=(5, 0), name="")):
         with pytest.raises(ValueError, match="no fprop equivalent"):
-            d17.fprop_problem(bad)
+            d18.fprop_problem(bad)
 
 
 # ---- dgrad_rotate_filter -------------------------------------------------------------------------
@@ -132,7 +132,7 @@ ROTATE_SHAPES = [(1, 1, 1, 1), (8, 3, 3, 8), (16, 3, 2, 3), (64, 1, 1, 64), (70,
 def test_rotate_model_is_flip_and_permute(K, R, S, C):
     p = dgrad(N=1, C=C, H=R + 2, W=S + 2, K=K, R=R, S=S)
     w = torch.randn(K, R, S, C, generator=torch.Generator().manual_seed(K * C), dtype=torch.float64)
-    got = d17.rotate_model(p, w)
+    got = d18.rotate_model(p, w)
     want = w.flip(1, 2).permute(3, 1, 2, 0)  # [C][R][S][K], w'[c][r'][s'][k] = w[k][R-1-r'][S-1-s'][c]
     assert not torch.isnan(got).any(), "an element of w' no block writes"
     assert torch.equal(got, want)
@@ -143,20 +143,20 @@ def test_rotate_model_is_flip_and_permute(K, R, S, C):
 @pytest.mark.parametrize("K, R, S, C", ROTATE_SHAPES)
 def test_rotate_writes_every_element_once(K, R, S, C):
     p = dgrad(N=1, C=C, H=R + 2, W=S + 2, K=K, R=R, S=S)
-    launch = d17.rotate_launch(p)
+    launch = d18.rotate_launch(p)
     assert launch.grid == (-(-C // 64) * -(-K // 64), R, S) and launch.block == (256, 1, 1)
-    counts = d17.rotate_writes(p)
+    counts = d18.rotate_writes(p)
     assert counts.shape == (K * R * S * C,) and (counts == 1).all()
 
 
 def test_a_short_or_long_rotate_grid_is_caught():
     p = dgrad(N=1, C=70, H=5, W=5, K=130, R=3, S=3)
-    launch = d17.rotate_launch(p)
+    launch = d18.rotate_launch(p)
     gx, gy, gz = launch.grid
-    assert (d17.rotate_writes(p, replace(launch, grid=(gx - 1, gy, gz))) == 0).any()
-    assert (d17.rotate_writes(p, replace(launch, grid=(gx, gy, gz - 1))) == 0).any()
+    assert (d18.rotate_writes(p, replace(launch, grid=(gx - 1, gy, gz))) == 0).any()
+    assert (d18.rotate_writes(p, replace(launch, grid=(gx, gy, gz - 1))) == 0).any()
     with pytest.raises(ValueError, match="writes outside w'"):
-        d17.rotate_writes(p, replace(launch, grid=(gx, gy + 1, gz)))
+        d18.rotate_writes(p, replace(launch, grid=(gx, gy + 1, gz)))
 
 
 # ---- the launches ----------------------------------------------------------------------------------
@@ -180,10 +180,10 @@ CLAIMED = [
 @pytest.mark.parametrize("p", CLAIMED, ids=lambda p: p.name)
 def test_launches_are_rotate_then_day_16s_fprop_renamed(p):
     assert V.supports(p, smem_limit=HOPPER_SMEM) is None, V.supports(p, smem_limit=HOPPER_SMEM)
-    fp, plan = d17.fprop_problem(p), V.plan(p)
+    fp, plan = d18.fprop_problem(p), V.plan(p)
     assert plan.config == choose(fp) and V.workspace_bytes(p) == 2 * p.K * p.R * p.S * p.C
     rotate, main = V.launches(p)
-    assert (rotate.name, rotate.entry, rotate.config) == ("rotate", "dgrad_rotate_filter", d17.rotate_launch(p))
+    assert (rotate.name, rotate.entry, rotate.config) == ("rotate", "dgrad_rotate_filter", d18.rotate_launch(p))
     assert rotate.args[:2] == (Buffer("w"), Buffer("workspace"))
     assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S, p.R, p.S, 0, 1, 0, 1]
     assert all(type(a) is np.int32 for a in rotate.args[2:])
@@ -212,7 +212,7 @@ def simulate(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     over dy. NHWC dy [N][P][Q][K] and KRSC w in; dx out as logical NCHW (the reference's view)."""
     rotate, main = V.launches(p)
     assert [int(a) for a in rotate.args[2:]] == [p.K, p.C, p.R, p.S, p.R, p.S, 0, 1, 0, 1]
-    wr = d17.rotate_model(p, w)  # [C][R][S][K]
+    wr = d18.rotate_model(p, w)  # [C][R][S][K]
     xmap, wmap = main.args[0].desc, main.args[1].desc
     M, Kp, Pp, Qp, sh, sw, ph, pw, dh, dw, S, taps, cblocks, _ = (int(a) for a in main.args[6:20])
     assert xmap.dims == (p.K, p.Q, p.P, p.N) and wmap.dims == (p.K, p.S, p.R, p.C)  # dy as x, w' as w
@@ -239,7 +239,7 @@ def test_the_dy_map_walks_the_pixels_the_rotated_taps_reach(p):
     (n, h, w) in the dgrad sum."""
     _, main = V.launches(p)
     desc = main.args[0].desc
-    (ph, pw), (dh, dw) = d17.rotated_padding(p), p.dilation
+    (ph, pw), (dh, dw) = d18.rotated_padding(p), p.dilation
     pixels = min(desc.pixels, 64)
     walk = replace(desc, pixels=pixels)
     for m0 in range(0, p.N * p.H * p.W, 61):  # starts of copies spread over the images
@@ -269,7 +269,7 @@ def test_forced_configurations_on_a_capped_grid_cover_dx_once(config):
     """Each of day 16's looping schedules forced, its grid cut to one block (a pair for the
     clusters): every block walks several tiles of dx, still each element once; the cut shows."""
     p = dgrad(N=2, C=300, H=17, W=18, K=72, R=3, S=3, padding=1)  # 612 x 300: several tiles on both axes
-    v = d17.make_dgrad_wgmma(f"dgrad_wgmma[{config.name}]", config)
+    v = d18.make_dgrad_wgmma(f"dgrad_wgmma[{config.name}]", config)
     assert v.supports(p, smem_limit=HOPPER_SMEM) is None and v.plan(p).config == config
     launch = v.launch(p)
     units = 2 if config.mode in ("cluster", "cluster_a") else 1
@@ -283,7 +283,7 @@ def test_every_configuration_is_offered_forced():
     assert [c.name for c in forced] == [f"dgrad_wgmma[{c.name}]" for c in ENTRIES]
     assert all(c.configs_fn is None and c.op == "dgrad" for c in forced)
     with pytest.raises(ValueError, match="no entry"):
-        d17.make_dgrad_wgmma("x", "persistent_1x1_c1_s1")
+        d18.make_dgrad_wgmma("x", "persistent_1x1_c1_s1")
 
 
 def test_build_target_is_sm90a_only():
@@ -321,7 +321,7 @@ def test_day_16s_refusals_are_reworded_and_prefixed():
     reason = V.supports(p, smem_limit=HOPPER_SMEM)
     assert "day 16's fprop over dy (C' = K = 8, K' = C = 8, padding' (200, 0)) refuses it" in reason
     assert "x tensor map" not in reason and "day 13" not in reason
-    assert d17.reworded("w tensor map: box; y tensor map: strides; day 13's kernel takes any C") == (
+    assert d18.reworded("w tensor map: box; y tensor map: strides; day 13's kernel takes any C") == (
         "the rotated filter's tensor map (the fprop's w): box; dx's tensor map (the fprop's y): strides; day 14's "
         "dgrad takes any C")
 
@@ -339,7 +339,7 @@ def test_a_fused_epilogue_is_refused():
     with pytest.raises(ValueError, match="dgrad_wgmma fuses no epilogue"):
         prepare(V, p, dy, w, epilogue=Epilogue(relu=True))
     with pytest.raises(ValueError, match="fuses no epilogue"):
-        d17.dgrad_launches(p, Epilogue(alpha=2.0), V.plan(p).config)
+        d18.dgrad_launches(p, Epilogue(alpha=2.0), V.plan(p).config)
 
 
 @pytest.mark.parametrize("C, refused", [(24, {"dy", "dx", "w"}), (5, {"dy"})])
@@ -390,14 +390,14 @@ def test_each_launch_is_built_from_its_own_file(p, monkeypatch):
     monkeypatch.setattr(hc, "load_kernel", recording_load_kernel(built))
     plan = V.plan(p)
     rotate, main = plan.launches
-    assert V.cu_file == d17.CU_FILE == "17_dgrad_wgmma.cu" and rotate.cu_file is None
-    assert main.cu_file == d17.FPROP_CU_FILE == get("igemm_wgmma").cu_file == "16_igemm_wgmma.cu"
-    assert plan.sources == ("17_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
+    assert V.cu_file == d18.CU_FILE == "18_dgrad_wgmma.cu" and rotate.cu_file is None
+    assert main.cu_file == d18.FPROP_CU_FILE == get("igemm_wgmma").cu_file == "16_igemm_wgmma.cu"
+    assert plan.sources == ("18_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
     compile_launches(V, list(plan.launches), "sm_90a")
-    assert built == [("17_dgrad_wgmma.cu", "dgrad_rotate_filter", {}, "sm_90a"),
+    assert built == [("18_dgrad_wgmma.cu", "dgrad_rotate_filter", {}, "sm_90a"),
                      ("16_igemm_wgmma.cu", main.entry, {}, "sm_90a")]
     v16 = get("igemm_wgmma")
-    (k16,) = v16.launches(d17.fprop_problem(p))
+    (k16,) = v16.launches(d18.fprop_problem(p))
     assert k16.cu_file is None and k16.entry == main.entry
     assert hc._module_key(main.source(V), main.build_defines(V), V.target((9, 0))) == \
         hc._module_key(k16.source(v16), k16.build_defines(v16), v16.target((9, 0)))  # day 16's module, shared
@@ -407,39 +407,39 @@ def test_the_plans_kernels_are_built_again_when_either_file_changes(monkeypatch)
     """`helpers.launch.compiled` keys a plan's kernels on the source hash of every file its launches
     use: a change to the rotate kernel's file or to day 16's builds both launches again (the key
     named only the variant's file, so an edit to day 16's kernel would have run the stale build)."""
-    built, hashes = [], {"17_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"}
+    built, hashes = [], {"18_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"}
     monkeypatch.setattr(hc, "load_kernel", recording_load_kernel(built))
     monkeypatch.setattr(hc, "source_hash", lambda cu_file: hashes[cu_file])  # any other file: a KeyError
     plan = V.plan(CLAIMED[0])
     assert sources_key(plan) == ("rotate v1", "fprop v1")
     compiled(plan, "cpu", "sm_90a")
-    assert [b[0] for b in built] == ["17_dgrad_wgmma.cu", "16_igemm_wgmma.cu"]
+    assert [b[0] for b in built] == ["18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"]
     compiled(plan, "cpu", "sm_90a")
     assert len(built) == 2  # kept in the plan
-    for cu_file, edit in (("17_dgrad_wgmma.cu", "rotate v2"), ("16_igemm_wgmma.cu", "fprop v2")):
+    for cu_file, edit in (("18_dgrad_wgmma.cu", "rotate v2"), ("16_igemm_wgmma.cu", "fprop v2")):
         before = len(built)
         hashes[cu_file] = edit
         compiled(plan, "cpu", "sm_90a")
-        assert [b[0] for b in built[before:]] == ["17_dgrad_wgmma.cu", "16_igemm_wgmma.cu"], cu_file
+        assert [b[0] for b in built[before:]] == ["18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"], cu_file
     assert len(plan.compiled) == 3
-    hashes.update({"17_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"})
+    hashes.update({"18_dgrad_wgmma.cu": "rotate v1", "16_igemm_wgmma.cu": "fprop v1"})
     compiled(plan, "cpu", "sm_90a")
     assert len(built) == 6 and len(plan.compiled) == 3  # the first sources again: the first build
 
 
 @pytest.mark.nvcc
 def test_the_rotate_kernel_alone_builds_for_sm90a_without_spills():
-    """17_dgrad_wgmma.cu holds the rotate and scatter kernels and nothing of day 16's; the fprop
+    """18_dgrad_wgmma.cu holds the rotate and scatter kernels and nothing of day 16's; the fprop
     entry the variant launches is in day 16's own build."""
-    reports = {r.entry: r for r in hc.nvcc_compile(d17.CU_FILE, arch="sm_90a")[0]}
+    reports = {r.entry: r for r in hc.nvcc_compile(d18.CU_FILE, arch="sm_90a")[0]}
     assert set(reports) == {"dgrad_rotate_filter", "dgrad_scatter_strided"}
     for r in reports.values():
         assert r.arch == "sm_90a" and (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0)
         assert r.registers <= 64
     assert reports["dgrad_rotate_filter"].shared_bytes == 64 * 66 * 2
     assert reports["dgrad_scatter_strided"].shared_bytes == 0
-    day16 = {r.entry for r in hc.nvcc_compile(d17.FPROP_CU_FILE, arch="sm_90a")[0]}
-    assert choose(d17.fprop_problem(CLAIMED[2])).entry("fp16") in day16
+    day16 = {r.entry for r in hc.nvcc_compile(d18.FPROP_CU_FILE, arch="sm_90a")[0]}
+    assert choose(d18.fprop_problem(CLAIMED[2])).entry("fp16") in day16
 
 
 # ---- strided layers: one fprop per phase, then the scatter -------------------------------------------
@@ -461,12 +461,12 @@ def simulate_phases(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torc
     by `rotate_model` on the rotate launch's taps, the fprop its launch describes (dy as its map
     holds it, the lower padding, the phase's extent as P x Q, the dilation), its output placed at
     the launch's workspace offset; then `scatter_model`. Logical NCHW out."""
-    launches, base = V.launches(p), d17.compact_offset(p)
+    launches, base = V.launches(p), d18.compact_offset(p)
     ys = torch.full((p.N * p.H * p.W * p.C,), float("nan"), dtype=torch.float64)
     for rot, fp in zip(launches[0:-1:2], launches[1:-1:2]):
         K, C, R, S, T, U, rb, rs, sb, ss = (int(a) for a in rot.args[2:])
         assert (K, C, R, S) == (p.K, p.C, p.R, p.S) and rot.name == "rotate" + fp.name.removeprefix("fprop")
-        wr = d17.rotate_model(p, w, d17.Taps(T, U, rb, rs, sb, ss))
+        wr = d18.rotate_model(p, w, d18.Taps(T, U, rb, rs, sb, ss))
         xmap = fp.args[0].desc
         M, Kp, Pp, Qp, sh, sw, ph, pw, dh, dw, S2, taps, _, _ = (int(a) for a in fp.args[6:20])
         assert xmap.dims == (p.K, p.Q, p.P, p.N) and xmap.lower == (-pw, -ph) and (sh, sw) == (1, 1)
@@ -480,7 +480,7 @@ def simulate_phases(p: Conv2dProblem, dy: torch.Tensor, w: torch.Tensor) -> torc
     scatter = launches[-1]
     assert scatter.args[:2] == (Buffer("workspace", base), Buffer("dx"))
     assert [int(a) for a in scatter.args[2:]] == [p.N, p.H, p.W, p.C, *p.stride, *p.padding, *p.dilation, p.R, p.S]
-    return d17.scatter_model(p, ys).permute(0, 3, 1, 2)
+    return d18.scatter_model(p, ys).permute(0, 3, 1, 2)
 
 
 @pytest.mark.parametrize("p", STRIDED, ids=lambda p: p.name)
@@ -499,8 +499,8 @@ def test_a_phase_filter_not_turned_around_is_caught(monkeypatch):
     """The planted fault: each phase's taps kept in w's order (not turned around)."""
     p = STRIDED[2]
     dy, w = p.make_inputs(seed=3)
-    real = d17.rotate_model
-    monkeypatch.setattr(d17, "rotate_model", lambda q, w_, taps=None: real(q, w_, taps).flip(1, 2))
+    real = d18.rotate_model
+    monkeypatch.setattr(d18, "rotate_model", lambda q, w_, taps=None: real(q, w_, taps).flip(1, 2))
     assert not torch.allclose(simulate_phases(p, dy, w), reference(p, dy, w).double())
 
 
@@ -511,24 +511,24 @@ def test_a_phase_filter_not_turned_around_is_caught(monkeypatch):
     (15, 2, 1, 2, 3, [(0, 8, (), 0, 1), (1, 7, (0, 1, 2), 1, 1)]),  # dilation 2: every tap in one phase
 ])
 def test_axis_phases(size, stride, pad, dil, taps, want):
-    got = [(a.a, a.extent, a.taps, a.pad, a.dil) for a in d17.axis_phases(size, stride, pad, dil, taps)]
+    got = [(a.a, a.extent, a.taps, a.pad, a.dil) for a in d18.axis_phases(size, stride, pad, dil, taps)]
     assert got == want
 
 
-@pytest.mark.parametrize("K, C, taps", [(8, 3, d17.Taps(2, 1, 0, 2, 1, 1)), (70, 65, d17.Taps(3, 2, 1, 2, 0, 3))])
+@pytest.mark.parametrize("K, C, taps", [(8, 3, d18.Taps(2, 1, 0, 2, 1, 1)), (70, 65, d18.Taps(3, 2, 1, 2, 0, 3))])
 def test_rotate_model_of_a_phase_is_its_taps_turned_around(K, C, taps):
     p = dgrad(N=1, C=C, H=12, W=12, K=K, R=7, S=7, stride=2, padding=3)
     w = torch.randn(K, 7, 7, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    got = d17.rotate_model(p, w, taps)
+    got = d18.rotate_model(p, w, taps)
     rs = [taps.rb + j * taps.rstep for j in range(taps.T)][::-1]
     ss = [taps.sb + i * taps.sstep for i in range(taps.U)][::-1]
     assert torch.equal(got, w[:, rs][:, :, ss].permute(3, 1, 2, 0))
-    assert (d17.rotate_writes(p, taps=taps) == 1).all()
+    assert (d18.rotate_writes(p, taps=taps) == 1).all()
 
 
 @pytest.mark.parametrize("grid", [1, 3, 1000])
 def test_the_scatter_grid_stride_loop_writes_every_element_once(grid):
     p = STRIDED[-1]
-    launch = replace(d17.scatter_launch(p), grid=(grid, 1, 1))
-    assert (d17.scatter_writes(p, launch) == 1).all()
-    assert d17.scatter_launch(STRIDED[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)
+    launch = replace(d18.scatter_launch(p), grid=(grid, 1, 1))
+    assert (d18.scatter_writes(p, launch) == 1).all()
+    assert d18.scatter_launch(STRIDED[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)

@@ -396,7 +396,7 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
             "workspace": ws.data_ptr() if ws is not None else None}
     assert [c[0] for c in calls] == [k.entry for k in launches]
-    tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y, "workspace": ws}  # day 17 maps its workspace
+    tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y, "workspace": ws}  # day 18 maps its workspace
     for (entry, args, grid, block, shared), k in zip(calls, launches):
         assert (grid, block, shared) == (k.config.grid, k.config.block, k.config.shared_bytes)
         if any(isinstance(a, TensorMap) for a in k.args):  # laid out by kernel_args: drop its padding
@@ -414,12 +414,12 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
 
 
 # The variants one of whose launches is built from another file than the variant's (`KernelLaunch.cu_file`).
-OWN_FILE_LAUNCHES = {"dgrad_wgmma": {"fprop": "16_igemm_wgmma.cu"}}  # day 17 runs day 16's kernel from its file
+OWN_FILE_LAUNCHES = {"dgrad_wgmma": {"fprop": "16_igemm_wgmma.cu"}}  # day 18 runs day 16's kernel from its file
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_launches_build_from_the_variants_file_unless_they_name_their_own(v, stand_in_gpu):
-    """Every launch of the series but day 17's fprop names no file (`KernelLaunch.cu_file` None):
+    """Every launch of the series but day 18's fprop names no file (`KernelLaunch.cu_file` None):
     `compile_launches` builds it from the variant's ``cu_file``, as before launches could name
     one; a launch that names one is built from that file, which exists."""
     _, built = stand_in_gpu

@@ -1,4 +1,4 @@
-"""Day 17 on a GPU (sm_90a: an H100 or H200; tests/test_dgrad_wgmma.py is the CPU half): unit-stride
+"""Day 18 on a GPU (sm_90a: an H100 or H200; tests/test_dgrad_wgmma.py is the CPU half): unit-stride
 dgrad as the rotate kernel plus day 16's fprop over dy.
 
 * against the float64 reference (`helpers.check.check`: dx poisoned with NaN, the fp32 bound, a
@@ -23,7 +23,7 @@ import dataclasses
 import pytest
 import torch
 
-from days import day17_dgrad_wgmma as d17
+from days import day18_dgrad_wgmma as d18
 from days.day16_igemm_wgmma import ENTRIES, HOPPER_CC
 from helpers import gpu
 from helpers.check import check
@@ -55,7 +55,7 @@ DAY14_EDGES = {
 }
 UNCLAIMED_DAY14 = ["stride 3 > 2x2 filter", "padding past the dilated filter"]  # a crop: padding' < 0
 CLAIMED_DAY14 = [k for k in DAY14_EDGES if k not in UNCLAIMED_DAY14]
-# Day 17's own: C odd and not a multiple of 8 (the threads store dx, the rotate kernel loads w element
+# Day 18's own: C odd and not a multiple of 8 (the threads store dx, the rotate kernel loads w element
 # by element), R != S, both dilations, padding 0 and padding' 0, a partial channel block of dy (K = 40),
 # several m- and n-tiles, a 1x1 filter.
 OWN = {
@@ -112,7 +112,7 @@ def test_dgrad_against_the_reference(name: str, dtype: str, kind: str):
 def test_every_configuration_forced(config):
     """Each of day 16's entries runs the fprop over dy: 612 x 300 dx pixels x channels (several
     tiles on both axes for every tile), 9 taps of 72 channels (a partial channel block)."""
-    v = d17.make_dgrad_wgmma(f"dgrad_wgmma[{config.name}]", config)
+    v = d18.make_dgrad_wgmma(f"dgrad_wgmma[{config.name}]", config)
     p = problem(dict(N=2, C=300, H=17, W=18, K=72, R=3, S=3, padding=1))
     assert v.supports(p) is None, v.supports(p)
     r = check(v, p, kind="int")

@@ -1,4 +1,4 @@
-// Day 17 - dgrad_wgmma: dgrad on day 16's Hopper kernel, unchanged, after one small kernel that
+// Day 18 - dgrad_wgmma: dgrad on day 16's Hopper kernel, unchanged, after one small kernel that
 // turns the filter around; strided layers phase by phase, merged by a scatter kernel (below).
 // NHWC dy [N][P][Q][K] and dx [N][H][W][C], KRSC w [K][R][S][C]; fp16/bf16, fp32 accumulation.
 //
@@ -17,7 +17,7 @@
 // The kernels of a run, in launch order:
 //   dgrad_rotate_filter   w -> wr in the workspace (this file): a 64 x 64 transpose per tap.
 //   igemm_wgmma_<config>  day 16's fprop, built from day 16's own file (16_igemm_wgmma.cu: that
-//                         launch names it, days/day17_dgrad_wgmma.py; not one line of it changed,
+//                         launch names it, days/day18_dgrad_wgmma.py; not one line of it changed,
 //                         and nothing of it is in this file) with dy as x, wr as w and dx as y: its
 //                         im2col map walks dy, its tiled map reads wr, its epilogue stores dx; a
 //                         plain epilogue (no Cin, bias, ReLU).
@@ -34,7 +34,7 @@
 //   store: thread t writes row c0 + t / 8 (+ 32) of wr's tap, filters k0 + 8 (t % 8) .. + 7, one
 //          16-byte store when K % 8 == 0 (else element by element), nothing past C and K.
 // Both passes are coalesced: a warp reads four 128-byte runs of w's rows and writes four of wr's.
-// Every element of wr is written exactly once (Python: days/day17_dgrad_wgmma.py, rotate_writes).
+// Every element of wr is written exactly once (Python: days/day18_dgrad_wgmma.py, rotate_writes).
 // Offsets are 64-bit (idx_t); K, C + 63 fit an int (Python checks).
 // Assumes: w 16-byte aligned when C % 8 == 0, wr when K % 8 == 0 (a workspace, torch-allocated).
 // Day 16's assumptions hold for its fprop (K % 8 == 0: dy's pixel rows in 16-byte strides; dy and
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(ROT_THREADS)
 // h = a + sh i (i < Ha = ceil((H - a) / sh)) and columns w = b + sw j (j < Wb) of dx are a stride-1
 // fprop over dy with that phase's T x U taps, turned around (dgrad_rotate_filter above, with
 // rb = the first such r, rstep = sh / gcd(sh, dh)), dilation rstep dh / sh and padding
-// (r_last dh - a - ph) / sh (Python: days/day17_dgrad_wgmma.py, phases). Each phase's fprop (day
+// (r_last dh - a - ph) / sh (Python: days/day18_dgrad_wgmma.py, phases). Each phase's fprop (day
 // 16's kernel) stores its compact y_ab[N][Ha][Wb][C] into the workspace, the phases back to back
 // in (a, b) order: phase (a, b) starts N C (rows_before(a) W + Ha cols_before(b)) elements in,
 // rows_before(a) = sum over a' < a of Ha'. A 1 x 1 filter has one phase with a tap.

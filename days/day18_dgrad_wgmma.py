@@ -1,5 +1,5 @@
-"""Day 17's variant: unit-stride dgrad on day 16's Hopper kernel (``kernels/conv2d/17_dgrad_wgmma.cu``
-holds day 17's own kernel, the filter's rotation; day 16's is built from day 16's file).
+"""Day 18's variant: unit-stride dgrad on day 16's Hopper kernel (``kernels/conv2d/18_dgrad_wgmma.cu``
+holds day 18's own kernel, the filter's rotation; day 16's is built from day 16's file).
 
 With stride 1, dgrad is an fprop: dx[n, h, w, c] = Σ_{k, r, s} dy[n, h + pad_h − r·dil_h,
 w + pad_w − s·dil_w, k] · w[k, r, s, c] is the fprop over dy (K input channels, a P x Q image)
@@ -65,7 +65,7 @@ from .day16_igemm_wgmma import (
 from .day16_igemm_wgmma import CU_FILE as FPROP_CU_FILE
 from .kit import VEC_BYTES, alignment_reason, cdiv
 
-CU_FILE = "17_dgrad_wgmma.cu"  # rotate and scatter; the fprop launch is built from FPROP_CU_FILE (day 16's)
+CU_FILE = "18_dgrad_wgmma.cu"  # rotate and scatter; the fprop launch is built from FPROP_CU_FILE (day 16's)
 ROTATE_ENTRY = "dgrad_rotate_filter"
 ROTATE_TILE = 64  # filters x channels of one block of dgrad_rotate_filter, per tap
 ROTATE_THREADS = 256
@@ -535,7 +535,7 @@ def dgrad_tensor_check(p: Conv2dProblem, tensors: dict) -> str | None:
 
 
 def make_dgrad_wgmma(name: str = "dgrad_wgmma", config: WgmmaConfig | str | None = None) -> Variant:
-    """A day-17 variant (not registered) running day 16's ``config`` (a `WgmmaConfig` or its name)
+    """A day-18 variant (not registered) running day 16's ``config`` (a `WgmmaConfig` or its name)
     for the fprop of every problem, or with None day 16's rule on it (`choose_config`).
 
     Raises:
@@ -553,7 +553,7 @@ def make_dgrad_wgmma(name: str = "dgrad_wgmma", config: WgmmaConfig | str | None
 
     return Variant(
         name=name,
-        day=17,
+        day=18,
         cu_file=CU_FILE,
         summary="dgrad (stride 1) on Hopper: the filter turned around and transposed, then day 16's wgmma/TMA "
         "fprop over dy" + (f" ({config.name})" if config else ""),
