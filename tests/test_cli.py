@@ -255,7 +255,7 @@ def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 
     assert parse_args([]).op == "fprop"
-    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad"]
+    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad", "dgrad_wgmma"]
     assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == ["wgrad", "wgrad_serial"]
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
     with pytest.raises(SystemExit):
