@@ -71,6 +71,8 @@ CURRICULUM = [
          "(sm_90a only)", "igemm_wgmma"),
     (17, "Hopper's schedules: warp specialisation, persistent blocks, ping-pong, clusters; a per-layer rule; against "
          "cuBLAS (sm_90a only)", "igemm_wgmma's schedules (day 16's variant)"),
+    (18, "dgrad on Hopper: the filter turned around for day 16's fprop, strided layers by phases and one scatter "
+         "(sm_90a only)", "dgrad_wgmma"),
 ]
 
 
@@ -82,7 +84,7 @@ SHORT = {
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
     14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: TMA, wgmma, mbarriers",
-    17: "Hopper: warp specialisation, the rule",
+    17: "Hopper: warp specialisation, the rule", 18: "dgrad on Hopper",
 }
 # The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel;
 # day 17 runs day 16's).
@@ -251,7 +253,7 @@ def overview_section(results_dir: Path = RESULTS) -> str:
             "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. Days 14 "
             "(backward) and 15 (the tuner) were measured on ResNet-50 on another GPU: "
             "[RESULTS.md](RESULTS.md) has every run. Day 17 teaches the schedules of day 16's variant: its numbers are "
-            "in day 16's row.")
+            "in day 16's row. Day 18 (dgrad) is measured in its notebook.")
     return head + "\n\n" + "\n".join(lines)
 
 
