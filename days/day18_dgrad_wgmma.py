@@ -235,8 +235,9 @@ def dgrad_reason(p: Conv2dProblem, cfg: WgmmaConfig | None) -> str | None:
                 "strides (K % 8 == 0); day 14's dgrad takes any K")
     if max(p.C, p.K) + ROTATE_TILE > INT32_MAX:
         return f"C = {p.C} or K = {p.K} plus a 64-wide tile does not fit the rotate kernel's int indices"
-    if strided(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1]) > INT32_MAX:
-        return f"H, W = {p.H}, {p.W} plus twice the padding do not fit the scatter kernel's int indices"
+    if strided(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1], p.N * p.H, p.W * cdiv(p.C, 8)) > INT32_MAX:
+        return (f"N, H, W, C = {p.N}, {p.H}, {p.W}, {p.C}: the scatter kernel's int indices (H and W plus twice the "
+                "padding, its N H rows, a row's W ceil(C / 8) vectors) do not fit")
     if strided(p) and cfg is not None:
         for ph in filter(active, phases(p)):
             fp = phase_problem(p, ph)
@@ -354,11 +355,37 @@ def phase_names(args: tuple, filter_at: int, y_at: int, xdesc) -> tuple:
 
 
 def scatter_launch(p: Conv2dProblem) -> LaunchConfig:
-    """``dgrad_scatter_strided``: a grid-stride loop over N·H·W·ceil(C / 8) vectors of 8 channels,
-    256 threads a block, at most ``SCATTER_BLOCKS_PER_SM`` x ``SCATTER_SMS`` blocks."""
-    vectors = p.N * p.H * p.W * cdiv(p.C, 8)
-    blocks = max(1, min(cdiv(vectors, SCATTER_THREADS), SCATTER_BLOCKS_PER_SM * SCATTER_SMS))
+    """``dgrad_scatter_strided``: one block per dx row (n, h) in a grid-stride loop over the N·H
+    rows, 256 threads a block, at most ``SCATTER_BLOCKS_PER_SM`` x ``SCATTER_SMS`` blocks."""
+    blocks = max(1, min(p.N * p.H, SCATTER_BLOCKS_PER_SM * SCATTER_SMS))
     return LaunchConfig(grid=(blocks, 1, 1), block=(SCATTER_THREADS, 1, 1))
+
+
+@dataclass(frozen=True)
+class Divisor:
+    """n // d by a multiply-high, an add and a shift, for 0 <= n < 2^31 and 1 <= d < 2^31, as
+    ``dgrad_scatter_strided``'s ``Divisor`` computes it (the GPU has no integer division
+    instruction): s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1, n // d = (umulhi(n, m) + n) >> s.
+
+    Source: T. Granlund and P. L. Montgomery, "Division by invariant integers using
+    multiplication", PLDI 1994, section 4 (the round-up multiplier, n + umulhi kept in 32 bits
+    because n < 2^31)."""
+
+    d: int
+
+    @property
+    def shift(self) -> int:
+        return (self.d - 1).bit_length()
+
+    @property
+    def multiplier(self) -> int:
+        return (2**32 * (2**self.shift - self.d)) // self.d + 1
+
+    def div(self, n):
+        """n // d the kernel's way; n an int or an int64 numpy array with 0 <= n < 2^31."""
+        m = self.multiplier
+        assert m < 2**32, m
+        return (((n * m) >> 32) + n) >> self.shift
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None) -> list[KernelLaunch]:
@@ -404,19 +431,21 @@ def dgrad_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgmmaConfig) -> np
 
 def scatter_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.ndarray:
     """Writes per dx element (NHWC, flat) by ``dgrad_scatter_strided`` on ``launch`` (default
-    `scatter_launch`): thread t of G = grid·block takes vectors t, t + G, ... below
-    N·H·W·ceil(C / 8); vector i writes channels 8 (i mod ceil(C / 8)) .. + 7 (< C) of pixel
-    i div ceil(C / 8)."""
+    `scatter_launch`), by its loops: block x takes rows x, x + G, ... below N·H (G blocks); in each,
+    thread t of B takes vectors t, t + B, ... below W·ceil(C / 8), vector v writes channels
+    8 (v mod ceil(C / 8)) .. + 7 (< C) of pixel v div ceil(C / 8), both by `Divisor`."""
     launch = launch or scatter_launch(p)
-    cvec, threads = cdiv(p.C, 8), launch.grid[0] * launch.block[0]
-    vectors = p.N * p.H * p.W * cvec
+    (blocks, _, _), (threads, _, _) = launch.grid, launch.block
+    cvec = cdiv(p.C, 8)
     counts = np.zeros(p.N * p.H * p.W * p.C, dtype=np.int64)
-    i = np.arange(vectors)
-    i = i[(i % threads) < min(threads, vectors)]  # thread i mod G takes vector i in its loop
+    rows = np.concatenate([np.arange(x, p.N * p.H, blocks) for x in range(min(blocks, p.N * p.H))])
+    v = np.concatenate([np.arange(t, p.W * cvec, threads) for t in range(min(threads, p.W * cvec))])
+    w = Divisor(cvec).div(v)
     for e in range(8):
-        c = (i % cvec) * 8 + e
+        c = (v - w * cvec) * 8 + e
         ok = c < p.C
-        np.add.at(counts, (i[ok] // cvec) * p.C + c[ok], 1)
+        flat = (rows[:, None] * p.W + w[ok][None, :]) * p.C + c[ok][None, :]
+        np.add.at(counts, flat.ravel(), 1)
     return counts
 
 

@@ -437,7 +437,7 @@ def test_the_rotate_kernel_alone_builds_for_sm90a_without_spills():
         assert r.arch == "sm_90a" and (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0)
         assert r.registers <= 64
     assert reports["dgrad_rotate_filter"].shared_bytes == 64 * 66 * 2
-    assert reports["dgrad_scatter_strided"].shared_bytes == 0
+    assert reports["dgrad_scatter_strided"].shared_bytes == 8 * (4 + 4 + 8)  # col_extent, col_hit, col_offset
     day16 = {r.entry for r in hc.nvcc_compile(d18.FPROP_CU_FILE, arch="sm_90a")[0]}
     assert choose(d18.fprop_problem(CLAIMED[2])).entry("fp16") in day16
 
@@ -531,4 +531,23 @@ def test_the_scatter_grid_stride_loop_writes_every_element_once(grid):
     p = STRIDED[-1]
     launch = replace(d18.scatter_launch(p), grid=(grid, 1, 1))
     assert (d18.scatter_writes(p, launch) == 1).all()
-    assert d18.scatter_launch(STRIDED[0]).grid[0] == min(-(-4 * 28 * 28 * 8 // 256), 8 * 132)
+    assert d18.scatter_launch(STRIDED[0]).grid[0] == 4 * 28  # one block per dx row (n, h)
+    assert d18.scatter_launch(dgrad(N=256, C=256, H=56, W=56, K=128, R=1, S=1, stride=2)).grid[0] == 8 * 132
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 8, 24, 32, 64, 100, 256, 2**16 + 1, 2**30 + 1, 2**31 - 1])
+def test_the_scatters_division_by_multiplication_is_exact(d):
+    """`Divisor` (the scatter kernel's n / d) against //, for small n, n near 2^31 and random n."""
+    rng = np.random.default_rng(d)
+    n = np.concatenate([np.arange(1 << 14), 2**31 - 1 - np.arange(1 << 10), rng.integers(0, 2**31, 1 << 14)])
+    assert (d18.Divisor(d).div(n) == n // d).all()
+
+
+def test_a_planted_divisor_fault_is_caught():
+    """The check above can fail: the multiplier one less is wrong for some n."""
+    class Off(d18.Divisor):
+        @property
+        def multiplier(self):
+            return super().multiplier - 1
+    n = np.arange(1 << 16)
+    assert not (Off(7).div(n) == n // 7).all()

@@ -115,12 +115,37 @@ extern "C" __global__ void __launch_bounds__(ROT_THREADS)
 // dgrad_scatter_strided then writes all of dx in one pass:
 //   dx[n][h][w][c] = y_ab[n][h / sh][w / sw][c], (a, b) = (h mod sh, w mod sw), or 0 where the
 //   phase has no tap (no dy pixel reaches the pixel: day 14 fills those in a pass of its own).
-// Thread t of the grid-stride loop takes 8 channels of one dx pixel: vector v = t + j * stride
-// covers pixel v / cvec, channels 8 (v % cvec) .. + 7, cvec = ceil(C / 8); one 16-byte load and
-// store when C % 8 == 0, else element by element. Every dx element is written exactly once
-// (Python: scatter_writes). Assumes: y and dx 16-byte aligned when C % 8 == 0 (y: the workspace at
-// a 128-byte offset, each phase a multiple of 8 channels in; dx: checked in Python), sh, sw <= 8.
+// It moves bytes only, so its index arithmetic must stay far below its 16-byte vectors: the first
+// version divided three 64-bit numbers per vector (a subroutine of ~100 instructions each), and
+// ResNet-50's strided 1 x 1 dgrad ran at 0.37-0.65x cuDNN on an H100 (unit stride: 0.62-1.0x).
+// Now:
+//   a row of dx at a time: block x takes rows x, x + gridDim.x, ... of the N H rows; what depends on
+//     the row alone (n, h, the phase row a, its extent Ha and offset, whether it has a tap) is
+//     computed once per row, and what depends on the column phase b alone (its extent Wb, offset and
+//     tap) once per block, into shared memory (sw <= 8 entries);
+//   in the row, thread t takes vectors t, t + 256, ... of W ceil(C / 8), vector v = pixel w =
+//     v / cvec, channels 8 (v mod cvec) .. + 7, and j = w / sw, b = w - j sw: two 32-bit divisions by
+//     numbers fixed for the launch, each a multiply-high, an add and a shift (Divisor, below).
+// One 16-byte load and store when C % 8 == 0, else element by element. Every dx element is written
+// exactly once (Python: scatter_writes). Assumes: y and dx 16-byte aligned when C % 8 == 0 (y: the
+// workspace at a 128-byte offset, each phase a multiple of 8 channels in; dx: checked in Python),
+// sh, sw <= 8, W ceil(C / 8) < 2^31 (Python checks).
 constexpr int SCATTER_THREADS = 256;
+constexpr int MAX_STRIDE = 8;
+
+// n / d for 0 <= n < 2^31 and a divisor 1 <= d < 2^31 fixed for the launch, without a division
+// instruction (the GPU has none: a 32-bit `/` by a variable is a ~20-instruction subroutine): with
+// s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, n / d = (umulhi(n, m) + n) >> s.
+// Source: Granlund and Montgomery, "Division by invariant integers using multiplication" (PLDI
+// 1994), section 4; Python: days/day18_dgrad_wgmma.py, Divisor (checked against // there).
+struct Divisor {
+    unsigned d, m, s;
+    __device__ __forceinline__ explicit Divisor(unsigned d_) : d(d_), s(0) {
+        while ((1u << s) < d) ++s;
+        m = (unsigned)((((unsigned long long)1 << 32) * ((1ull << s) - d)) / d) + 1;
+    }
+    __device__ __forceinline__ unsigned div(unsigned n) const { return (__umulhi(n, m) + n) >> s; }
+};
 
 __device__ __forceinline__ int phase_extent(int size, int a, int stride) { return (size - a + stride - 1) / stride; }
 
@@ -133,29 +158,43 @@ __device__ __forceinline__ bool phase_has_tap(int a, int pad, int dil, int strid
 extern "C" __global__ void __launch_bounds__(SCATTER_THREADS)
     dgrad_scatter_strided(const u16* __restrict__ y, u16* __restrict__ dx, int N, int H, int W, int C, int sh, int sw,
                           int ph, int pw, int dh, int dw, int R, int S) {
-    const int cvec = CEIL_DIV(C, 8);
-    const idx_t total = (idx_t)N * H * W * cvec;
+    // per column phase b: Wb, N C cols_before(b) (the phase's offset is Ha times it, plus the row
+    // phase's), and whether it has a tap
+    __shared__ int col_extent[MAX_STRIDE], col_hit[MAX_STRIDE];
+    __shared__ idx_t col_offset[MAX_STRIDE];
+    if (threadIdx.x == 0) {
+        int before = 0;
+        for (int b = 0; b < sw; ++b) {
+            col_extent[b] = phase_extent(W, b, sw);
+            col_hit[b] = phase_has_tap(b, pw, dw, sw, S);
+            col_offset[b] = (idx_t)N * C * before;
+            before += col_extent[b];
+        }
+    }
+    __syncthreads();
+    const int cvec = CEIL_DIV(C, 8), row_vectors = W * cvec;
+    const Divisor by_cvec(cvec), by_sw(sw);
     const bool vec = C % 8 == 0;
-    for (idx_t v = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; v < total; v += (idx_t)gridDim.x * blockDim.x) {
-        const idx_t pix = v / cvec;  // (n H + h) W + w
-        const int c = (int)(v % cvec) * 8, w = (int)(pix % W);
-        const idx_t nh = pix / W;
-        const int h = (int)(nh % H), n = (int)(nh / H);
-        const int a = h % sh, b = w % sw;
-        const bool hit = phase_has_tap(a, ph, dh, sh, R) && phase_has_tap(b, pw, dw, sw, S);
-        int rows_before = 0, cols_before = 0;
-        for (int i = 0; i < a; ++i) rows_before += phase_extent(H, i, sh);
-        for (int j = 0; j < b; ++j) cols_before += phase_extent(W, j, sw);
-        const int Ha = phase_extent(H, a, sh), Wb = phase_extent(W, b, sw);
-        const idx_t base = (idx_t)N * C * ((idx_t)rows_before * W + (idx_t)Ha * cols_before);
-        const u16* src = y + base + (((idx_t)n * Ha + h / sh) * Wb + w / sw) * C + c;
-        u16* dst = dx + pix * C + c;
-        if (vec) {
-            *reinterpret_cast<uint4*>(dst) = hit ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-        } else {
+    for (int row = blockIdx.x; row < N * H; row += gridDim.x) {  // N H < 2^31: Python checks N H W C
+        const int n = row / H, h = row - n * H, i = h / sh, a = h - i * sh;
+        const bool row_hit = phase_has_tap(a, ph, dh, sh, R);
+        int rows_before = 0;
+        for (int e = 0; e < a; ++e) rows_before += phase_extent(H, e, sh);
+        const int Ha = phase_extent(H, a, sh);
+        const u16* yrow = y + (idx_t)N * C * rows_before * W;  // phase row a's block: its phases (a, b) follow
+        u16* dxrow = dx + (idx_t)row * W * C;
+        for (int v = threadIdx.x; v < row_vectors; v += SCATTER_THREADS) {
+            const int w = (int)by_cvec.div(v), c = (v - w * cvec) * 8, j = (int)by_sw.div(w), b = w - j * sw;
+            const bool hit = row_hit && col_hit[b];
+            const u16* src = yrow + Ha * col_offset[b] + (((idx_t)n * Ha + i) * col_extent[b] + j) * C + c;
+            u16* dst = dxrow + (idx_t)w * C + c;
+            if (vec) {
+                *reinterpret_cast<uint4*>(dst) = hit ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+            } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (c + e < C) dst[e] = hit ? src[e] : (u16)0;
+                for (int e = 0; e < 8; ++e)
+                    if (c + e < C) dst[e] = hit ? src[e] : (u16)0;
+            }
         }
     }
 }
