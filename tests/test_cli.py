@@ -256,7 +256,8 @@ def test_op_selects_the_variants_that_compute_it():
 
     assert parse_args([]).op == "fprop"
     assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad", "dgrad_wgmma"]
-    assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == ["wgrad", "wgrad_serial"]
+    assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == [
+        "wgrad", "wgrad_serial", "wgrad_wgmma"]
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
     with pytest.raises(SystemExit):
         parse_args(["--op", "backward"])
