@@ -15,7 +15,7 @@ shared-memory rows:
 
 A row of 128 bytes is one GEMM-K index holding 64 consecutive M (or N) elements: both operands
 are MN-major ("transposed") for wgmma, which takes that for f16/bf16 with imm-trans-a =
-imm-trans-b = 1 and a descriptor of the MN-major SW128 layout (hopper.cuh's ``sw128_mn_desc``:
+imm-trans-b = 1 and a descriptor of the MN-major SW128 layout (19_wgrad_wgmma.cu's ``sw128_mn_desc``:
 SBO = 1024, the next 8 pixel rows; LBO = 8192, the next 64-wide box of channels; a k16 slice
 2048 bytes further). `sw128_mn_desc`, `decode_desc`, `tma_box_write` and `wgmma_read` simulate
 that on the CPU: the copy engine's 128-byte swizzle on the way in, the descriptor's canonical
@@ -177,7 +177,7 @@ def swizzle128(addr: np.ndarray | int) -> np.ndarray | int:
 
 
 def sw128_mn_desc(addr: int, lbo: int, sbo: int = SBO_BYTES) -> int:
-    """hopper.cuh's ``sw128_mn_desc`` on the CPU (with ``sbo`` open, to plant faults): start >> 4
+    """19_wgrad_wgmma.cu's ``sw128_mn_desc`` on the CPU (with ``sbo`` open, to plant faults): start >> 4
     in bits 0-13, LBO >> 4 in 16-29, SBO >> 4 in 32-45, base offset 0 (49-51), layout 1 = 128-byte
     swizzle in 62-63."""
     return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16) | ((sbo >> 4) << 32) | (SWIZZLE_128B << 62)

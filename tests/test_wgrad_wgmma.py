@@ -1,7 +1,7 @@
 """Day 19 on the CPU: wgrad on Hopper's wgmma/TMA loop (`days.day19_wgrad_wgmma`;
 tests/gpu/test_wgrad_wgmma_gpu.py runs the kernels).
 
-* the MN-major SW128 descriptor: hopper.cuh's ``sw128_mn_desc`` expression evaluated here packs
+* the MN-major SW128 descriptor: 19_wgrad_wgmma.cu's ``sw128_mn_desc`` expression evaluated here packs
   the fields `decode_desc` reads; a slot placed as the copy engine writes it (128-byte swizzle,
   one box after the other) and read back through the descriptors the kernel's ``mma_step`` builds
   gives exactly the logical A (64 filters x 16 pixels) and B (16 pixels x BN channels) of every k16
@@ -56,8 +56,8 @@ def wgrad(dtype: str = "fp16", **kw) -> Conv2dProblem:
 
 
 def hopper_expression() -> str:
-    """The return expression of hopper.cuh's ``sw128_mn_desc`` as Python (``uint64_t(v)`` -> ``(v)``)."""
-    src = hc.kernel_path("hopper.cuh").read_text()
+    """The return expression of 19_wgrad_wgmma.cu's ``sw128_mn_desc`` as Python (``uint64_t(v)`` -> ``(v)``)."""
+    src = hc.kernel_path(d19.CU_FILE).read_text()
     expr = re.search(r"sw128_mn_desc\(const void\* tile, unsigned lbo\) \{.*?return (.*?);", src, re.S).group(1)
     return re.sub(r"uint64_t\(", "(", " ".join(expr.split()))
 

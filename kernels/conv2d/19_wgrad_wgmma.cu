@@ -67,6 +67,72 @@
 
 typedef unsigned short u16;
 
+// ---- Hopper wrappers new on this day (hopper.cuh, day 16's, is unchanged) -------------------------
+// tma_load_2d(dst, map, bar, c0, c1)  cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+//                                     (dy as a matrix of N P Q pixel rows of K filters)
+// sw128_mn_desc(p, lbo)               the descriptor of an MN-major tile of 128-byte rows with the 128-byte swizzle
+// wgmma_mn<N, BF16>(d, da, db, acc)   hopper.cuh's wgmma with imm-trans-a = imm-trans-b = 1: A M-major, B
+//                                     N-major (transposed operands exist for f16/bf16 only)
+// Sources as hopper.cuh's: the PTX ISA's cp.async.bulk.tensor, the wgmma matrix descriptor and
+// "Shared Memory Matrix Layout" (#asynchronous-warpgroup-level-matrix-shared-memory-layout).
+
+// tma_load_4d (hopper.cuh) for a 2-d map: coordinates (c0, c1), innermost first.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+// Descriptor of an MN-major tile: each 128-byte row holds 64 consecutive M (or N) elements of one
+// K index, rows of consecutive K 128 bytes apart, written by the copy engine with the 128-byte
+// swizzle at a 1024-byte aligned address. In CUTLASS's terms (cute/atom/mma_traits_sm90_gmma.hpp,
+// make_gmma_desc<Major::MN>, LayoutType::B128) the canonical layout in 16-byte units is
+// Swizzle<3,4,3> o ((8, n), (8, k)) : ((1, LBO), (8, SBO)): 8 units (64 halves) of MN per row, the
+// next 64 MN elements LBO further, 8 rows of K (one 1024-byte swizzle atom) then the next 8 K rows
+// SBO further. Here SBO = 1024 (K rows are contiguous) and LBO = `lbo` bytes, the distance between
+// two 64-element MN blocks (one 64-row box after the other, 8192 bytes; unused when the operand is
+// 64 wide, as A of m64 always is). Fields as hopper.cuh's sw128_desc: start >> 4 (bits 0-13), LBO
+// >> 4 (16-29), SBO >> 4 (32-45), layout 1 = 128-byte swizzle (62-63). The k-th 16-deep slice
+// starts 16 rows = 2048 bytes further: add 128 k (a whole number of atoms, so the swizzle phase is
+// unchanged). days/day19_wgrad_wgmma.py simulates the copy engine's writes and this descriptor's
+// reads (`wgmma_read`) and tests them against the logical matrices.
+__device__ __forceinline__ uint64_t sw128_mn_desc(const void* tile, unsigned lbo) {
+    const uint64_t addr = smem_addr(tile);
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (uint64_t(1) << 62);
+}
+
+// hopper.cuh's WGMMA_WRAPPER with the immediates imm-trans-a = imm-trans-b = 1 (its operand lists
+// WGMMA_D<N>, WGMMA_OUT<N>, WGMMA_DA/DB/SCALE_<N> reused).
+#define WGMMA_MN_WRAPPER(N, T, NAME)                                                                     \
+    __device__ __forceinline__ void NAME(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {    \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" WGMMA_SCALE_##N ", 0;\n"                  \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" WGMMA_D##N "}, " \
+                     "%" WGMMA_DA_##N ", %" WGMMA_DB_##N ", p, 1, 1, 1, 1;\n}\n"                     \
+                     : WGMMA_OUT##N                                                                      \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                  \
+    }
+WGMMA_MN_WRAPPER(64, "f16", wgmma_m64n64k16_fp16_mn)
+WGMMA_MN_WRAPPER(64, "bf16", wgmma_m64n64k16_bf16_mn)
+WGMMA_MN_WRAPPER(128, "f16", wgmma_m64n128k16_fp16_mn)
+WGMMA_MN_WRAPPER(128, "bf16", wgmma_m64n128k16_bf16_mn)
+WGMMA_MN_WRAPPER(256, "f16", wgmma_m64n256k16_fp16_mn)
+WGMMA_MN_WRAPPER(256, "bf16", wgmma_m64n256k16_bf16_mn)
+
+// wgmma with A M-major and B N-major (sw128_mn_desc descriptors): D (64 x N) += A (64 x 16) B (16 x N).
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_mn(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma wrappers for N = 64, 128 and 256");
+    if constexpr (N == 64 && !BF16) wgmma_m64n64k16_fp16_mn(d, da, db, scale_d);
+    else if constexpr (N == 64) wgmma_m64n64k16_bf16_mn(d, da, db, scale_d);
+    else if constexpr (N == 128 && !BF16) wgmma_m64n128k16_fp16_mn(d, da, db, scale_d);
+    else if constexpr (N == 128) wgmma_m64n128k16_bf16_mn(d, da, db, scale_d);
+    else if constexpr (!BF16) wgmma_m64n256k16_fp16_mn(d, da, db, scale_d);
+    else wgmma_m64n256k16_bf16_mn(d, da, db, scale_d);
+}
+
 constexpr int BK = 64;                     // GEMM-K (pixels) per stage: the rows of a box
 constexpr int ROW_BYTES = 128;             // a box row: 64 filters or channels of one pixel
 constexpr int BOX_BYTES = BK * ROW_BYTES;  // one box: 64 pixels x 64 filters or channels (8 KB)

@@ -15,8 +15,6 @@
 //                                    (an arrival on the barrier at the same offset in block `rank` of the cluster)
 //   cluster_sync()                   barrier.cluster.arrive.release + barrier.cluster.wait.acquire
 //   tma_load_4d(dst, map, bar, c..)  cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-//   tma_load_2d(dst, map, bar, c0, c1)
-//                                    the same in 2 dims (day 19: dy as a matrix of N P Q pixel rows of K filters)
 //   tma_load_4d_multicast(dst, map, bar, c.., mask)
 //                                    the same with .multicast::cluster: the box lands at dst, and its bytes
 //                                    count on bar, in every block of the cluster named in mask
@@ -36,11 +34,6 @@
 //                                    A and B from shared memory (K-major), D += A B if acc else D = A B
 //   sw128_desc(p)                    none: the 64-bit shared-memory matrix descriptor of a K-major
 //                                    tile of 128-byte rows stored with the 128-byte swizzle
-//   wgmma_mn<N, BF16>(d, da, db, acc)
-//                                    wgmma as above with imm-trans-a = imm-trans-b = 1: A M-major, B
-//                                    N-major (day 19; transposed operands exist for f16/bf16 only)
-//   sw128_mn_desc(p, lbo)            none: the descriptor of an MN-major tile of 128-byte rows (64
-//                                    MN elements each, one row per K index) with the 128-byte swizzle
 //   setmaxnreg_inc<R>(), _dec<R>()   setmaxnreg.inc / .dec.sync.aligned.u32 R
 //
 // Source: the PTX ISA (NVIDIA, "Parallel Thread Execution ISA" 8.x/9.0), sections
@@ -133,15 +126,6 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
         : "memory");
 }
 
-// tma_load_4d for a 2-d map: coordinates (c0, c1), innermost first.
-__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_addr(dst)),
-        "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-        : "memory");
-}
-
 // tma_load_4d into every block of the cluster whose bit is set in `mask` (bit r: rank r): the box
 // lands at dst's offset there, and its bytes count on the barrier at bar's offset there.
 __device__ __forceinline__ void tma_load_4d_multicast(void* dst, const void* map, uint64_t* bar, int c0, int c1,
@@ -215,25 +199,6 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* tile) {
     return ((addr & 0x3FFFF) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// Descriptor of an MN-major tile (day 19): each 128-byte row holds 64 consecutive M (or N) elements
-// of one K index, rows of consecutive K 128 bytes apart, written by the copy engine with the
-// 128-byte swizzle at a 1024-byte aligned address. In CUTLASS's terms (cute/atom/
-// mma_traits_sm90_gmma.hpp, make_gmma_desc<Major::MN>, LayoutType::B128) the canonical layout in
-// 16-byte units is Swizzle<3,4,3> o ((8, n), (8, k)) : ((1, LBO), (8, SBO)): 8 units (64 halves) of
-// MN per row, the next 64 MN elements LBO further, 8 rows of K (one 1024-byte swizzle atom) then the
-// next 8 K rows SBO further. Here SBO = 1024 (K rows are contiguous) and LBO = `lbo` bytes, the
-// distance between two 64-element MN blocks (day 19: one 64-row box after the other, 8192 bytes;
-// unused when the operand is 64 wide, as A of m64 always is). Fields as sw128_desc: start >> 4
-// (bits 0-13), LBO >> 4 (16-29), SBO >> 4 (32-45), layout 1 = 128-byte swizzle (62-63). The k-th
-// 16-deep slice starts 16 rows = 2048 bytes further: add 128 k (a whole number of atoms, so the
-// swizzle phase is unchanged). days/day19_wgrad_wgmma.py simulates the copy engine's writes and
-// this descriptor's reads (`wgmma_read`) and tests them against the logical matrices.
-__device__ __forceinline__ uint64_t sw128_mn_desc(const void* tile, unsigned lbo) {
-    const uint64_t addr = smem_addr(tile);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-           (uint64_t(1) << 62);
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -303,17 +268,14 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
     "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
     "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-// TRANS: the immediates imm-trans-a, imm-trans-b as a string: "0, 0" (both K-major: WGMMA_WRAPPER)
-// or "1, 1" (A M-major, B N-major: day 19).
-#define WGMMA_WRAPPER_TRANS(N, T, NAME, TRANS)                                                           \
+#define WGMMA_WRAPPER(N, T, NAME)                                                                        \
     __device__ __forceinline__ void NAME(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {    \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" WGMMA_SCALE_##N ", 0;\n"                  \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" WGMMA_D##N "}, " \
-                     "%" WGMMA_DA_##N ", %" WGMMA_DB_##N ", p, 1, 1, " TRANS ";\n}\n"                \
+                     "%" WGMMA_DA_##N ", %" WGMMA_DB_##N ", p, 1, 1, 0, 0;\n}\n"                     \
                      : WGMMA_OUT##N                                                                      \
                      : "l"(da), "l"(db), "r"(scale_d));                                                  \
     }
-#define WGMMA_WRAPPER(N, T, NAME) WGMMA_WRAPPER_TRANS(N, T, NAME, "0, 0")
 #define WGMMA_DA_64 "32"
 #define WGMMA_DB_64 "33"
 #define WGMMA_SCALE_64 "34"
@@ -339,25 +301,6 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t da, uint64_t d
     else if constexpr (N == 128) wgmma_m64n128k16_bf16(d, da, db, scale_d);
     else if constexpr (!BF16) wgmma_m64n256k16_fp16(d, da, db, scale_d);
     else wgmma_m64n256k16_bf16(d, da, db, scale_d);
-}
-
-WGMMA_WRAPPER_TRANS(64, "f16", wgmma_m64n64k16_fp16_mn, "1, 1")
-WGMMA_WRAPPER_TRANS(64, "bf16", wgmma_m64n64k16_bf16_mn, "1, 1")
-WGMMA_WRAPPER_TRANS(128, "f16", wgmma_m64n128k16_fp16_mn, "1, 1")
-WGMMA_WRAPPER_TRANS(128, "bf16", wgmma_m64n128k16_bf16_mn, "1, 1")
-WGMMA_WRAPPER_TRANS(256, "f16", wgmma_m64n256k16_fp16_mn, "1, 1")
-WGMMA_WRAPPER_TRANS(256, "bf16", wgmma_m64n256k16_bf16_mn, "1, 1")
-
-// wgmma with A M-major and B N-major (sw128_mn_desc descriptors): D (64 x N) += A (64 x 16) B (16 x N).
-template <int N, bool BF16>
-__device__ __forceinline__ void wgmma_mn(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-    static_assert(N == 64 || N == 128 || N == 256, "wgmma wrappers for N = 64, 128 and 256");
-    if constexpr (N == 64 && !BF16) wgmma_m64n64k16_fp16_mn(d, da, db, scale_d);
-    else if constexpr (N == 64) wgmma_m64n64k16_bf16_mn(d, da, db, scale_d);
-    else if constexpr (N == 128 && !BF16) wgmma_m64n128k16_fp16_mn(d, da, db, scale_d);
-    else if constexpr (N == 128) wgmma_m64n128k16_bf16_mn(d, da, db, scale_d);
-    else if constexpr (!BF16) wgmma_m64n256k16_fp16_mn(d, da, db, scale_d);
-    else wgmma_m64n256k16_bf16_mn(d, da, db, scale_d);
 }
 
 // ---- registers per warpgroup -----------------------------------------------------------------
