@@ -30,29 +30,15 @@ from helpers.check import check
 from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.reference import bitwise_equal, compare
+from helpers.suites import BACKWARD_EDGES
 from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 
 V = get("dgrad_wgmma")
 NHWC = dict(dtype="fp16", layout="NHWC")
-# Day 14's dgrad edge problems (tests/gpu/test_backward_gpu.py's EDGES, as they are): the variant
-# claims those of stride 1 with padding inside the dilated filter (K is a multiple of 8 in all).
-DAY14_EDGES = {
-    "stride 3 > 1x1 filter (dx rows no tap reaches)": dict(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),
-    "stride 3 > 2x2 filter": dict(N=2, C=8, H=11, W=13, K=16, R=2, S=2, stride=3, padding=1),
-    "odd H, W with stride 2": dict(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1),
-    "even H, W with stride 2": dict(N=2, C=24, H=14, W=12, K=16, R=3, S=3, stride=2, padding=1),
-    "padding >= R/2": dict(N=1, C=16, H=9, W=10, K=16, R=3, S=3, padding=2),
-    "padding past the dilated filter": dict(N=1, C=8, H=7, W=6, K=8, R=3, S=2, padding=(3, 2)),
-    "dilation (1, 2)": dict(N=2, C=16, H=12, W=15, K=8, R=3, S=3, padding=(1, 2), dilation=(1, 2)),
-    "dilation (2, 1), stride (2, 1)": dict(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1,
-                                          dilation=(2, 1)),
-    "C, K past the tiles": dict(N=2, C=136, H=9, W=9, K=200, R=3, S=3, padding=1),
-    "7x7 stride 2 (the stem)": dict(N=2, C=8, H=32, W=30, K=64, R=7, S=7, stride=2, padding=3),
-    "strided 1x1, ResNet-style": dict(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),
-    "even filter 4x2, stride (1, 2)": dict(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0)),
-}
+# Day 14's backward edge problems (helpers.suites.BACKWARD_EDGES, as day 14's tests run them).
+DAY14_EDGES = BACKWARD_EDGES
 UNCLAIMED_DAY14 = ["stride 3 > 2x2 filter", "padding past the dilated filter"]  # a crop: padding' < 0
 CLAIMED_DAY14 = [k for k in DAY14_EDGES if k not in UNCLAIMED_DAY14]
 # Day 18's own: C odd and not a multiple of 8 (the threads store dx, the rotate kernel loads w element
