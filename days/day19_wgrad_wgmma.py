@@ -68,6 +68,7 @@ from helpers.problem import Conv2dProblem
 from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, TiledMap, im2col_rows
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
+from .day14_backward.train import Kernels
 from .day16_igemm_wgmma import DEFAULT_SMS, HOPPER_CC
 from .kit import VEC_BYTES, alignment_reason, cdiv, grid_stride_items, groups_one_reason
 
@@ -666,3 +667,10 @@ def make_wgrad_wgmma(name: str = "wgrad_wgmma", tile: WgradWgmmaTile | str | Non
 
 
 WGRAD_WGMMA = register(make_wgrad_wgmma())
+
+
+# A training step on Hopper's kernels where they run, day 13's and 14's elsewhere (and on the layers
+# the Hopper ones refuse): `days.day14_backward.train.Kernels` in order of preference; which one ran
+# for each layer, and why the ones before it did not, is in `days.day14_backward.train.paths`.
+HOPPER_KERNELS = Kernels(fprop=("igemm_wgmma", "igemm_production"), dgrad=("dgrad_wgmma", "dgrad"),
+                         wgrad=("wgrad_wgmma", "wgrad"))

@@ -218,3 +218,24 @@ def test_tensors_the_copy_engine_cannot_take_are_refused_before_a_launch(misalig
         run(V, p, x, dy, out=misaligned(torch.empty(p.w_shape, dtype=p.torch_dtype, device="cuda")))
     r = check(V, p)
     assert r.ok, r.reason
+
+
+def test_a_training_step_on_hoppers_kernels_agrees_with_torch():
+    """Day 14's model and batch on `HOPPER_KERNELS`: every layer's fprop, dgrad and wgrad ran on
+    days 16, 18 and 19 (`train.paths` says which ran, and why a preferred one did not), and four
+    SGD steps follow torch's losses and first gradients within day 14's tolerance."""
+    from days.day14_backward import train
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 28, 28, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 10, (8,), device="cuda")
+    ours, ref = train.make_pair(16, 64, 32, 2, kernels=d19.HOPPER_KERNELS)
+    a, b = train.train_steps(ours, x, labels, 4), train.train_steps(ref, x, labels, 4)
+    ran = {(op, pick.variant.name) for (op, _), pick in train.paths().items()}
+    assert {("fprop", "igemm_wgmma"), ("dgrad", "dgrad_wgmma"), ("wgrad", "wgrad_wgmma")} <= ran, ran
+    for la, lb in zip(a["loss"], b["loss"]):
+        assert abs(la - lb) <= 1e-2 * abs(lb), (a["loss"], b["loss"])
+    assert a["loss"][-1] < a["loss"][0]
+    for name, g in a["grads"].items():
+        rel = float((g.double() - b["grads"][name].double()).norm() / b["grads"][name].double().norm())
+        assert rel <= 1e-2, (name, rel)
