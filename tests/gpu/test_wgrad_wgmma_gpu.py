@@ -57,7 +57,7 @@ OWN = {
     "3x3, 56 x 56, N = 8 (many splits)": dict(N=8, C=64, H=56, W=56, K=64, R=3, S=3, padding=1),
 }
 CASES = {**DAY14_EDGES, **OWN}
-MULTI = dict(N=4, C=136, H=20, W=18, K=200, R=3, S=3, padding=1)  # 1440 pixels: 23 steps, 2 x 2 tiles of 128
+MULTI = dict(N=4, C=136, H=20, W=18, K=200, R=3, S=3, padding=1)  # 1440 pixels: 23 steps, 2 x 1 tiles of 128 x 256
 
 
 @pytest.fixture(scope="module", autouse=True)
