@@ -335,11 +335,11 @@ def choose_splits(p: Conv2dProblem, tile: WgradWgmmaTile, sms: int = DEFAULT_SMS
 
 def choose_tile(p: Conv2dProblem) -> WgradWgmmaTile:
     """The tile by the output's shape: K <= 64: 64 filters (a taller tile would be half empty) x
-    256 channels (128 when C <= 128); else 128 x 256 when C > 128, 256 x 128 when K >= 256 and
-    C <= 128, else 128 x 128. Not fitted on a GPU yet (the largest tile that the layer fills; the
-    split factor makes up the SMs)."""
+    64, 128 or 256 channels (C <= 64, <= 128, more); else 128 x 256 when C > 128, 256 x 128 when
+    K >= 256 and C <= 128, else 128 x 128. Not fitted on a GPU yet (the largest tile that the layer
+    fills; the split factor makes up the SMs)."""
     if p.K <= 64:
-        return BY_NAME["64x128_c1_s6" if p.C <= 128 else "64x256_c1_s4"]
+        return BY_NAME["64x64_c1_s8" if p.C <= 64 else "64x128_c1_s6" if p.C <= 128 else "64x256_c1_s4"]
     if p.C > 128:
         return BY_NAME["128x256_c2_s4"]
     return BY_NAME["256x128_c2_s4" if p.K >= 256 else "128x128_c2_s6"]

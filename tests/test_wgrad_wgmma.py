@@ -256,9 +256,10 @@ def test_split_ranges_are_day_14s_slices_in_steps(steps, splits):
 
 def test_the_split_rule():
     t = d19.BY_NAME["128x128_c2_s6"]
-    big = wgrad(N=32, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)  # 9 tiles of 64 x 128, 1568 steps
-    t64 = d19.choose_tile(big)
-    assert t64.name == "64x128_c1_s6" and d19.tile_count(big, t64) == 9
+    big = wgrad(N=32, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)  # 9 tiles of 64 x 64, 1568 steps
+    assert d19.choose_tile(big).name == "64x64_c1_s8"  # K, C <= 64: no half-empty tile
+    t64 = d19.BY_NAME["64x128_c1_s6"]
+    assert d19.tile_count(big, t64) == 9
     # whole rounds: 15 splits make 135 units, two rounds on 132 SMs; 14 make 126, one round
     assert d19.split_cost(big, t64, 14) < d19.split_cost(big, t64, 15) and d19.choose_splits(big, t64) == 14
     # 78 SMs: 17 splits, two rounds of 93 steps (186), beat 8 splits, one round of 196
@@ -395,8 +396,8 @@ def test_refusals_name_the_value(change, words):
 
 
 def test_shared_memory_beyond_the_gpus_is_refused():
-    reason = V.supports(wgrad(**BASE))  # 64x128, 6 stages; no GPU: the 48 KB every GPU allows, assumed
-    assert "needs 148480 B of shared memory per block; the limit is 49152 B (assumed without a GPU" in reason
+    reason = V.supports(wgrad(**BASE))  # 64x64, 8 stages; no GPU: the 48 KB every GPU allows, assumed
+    assert "needs 132096 B of shared memory per block; the limit is 49152 B (assumed without a GPU" in reason
 
 
 def test_other_operations_dtypes_layouts_and_epilogues_are_refused():
