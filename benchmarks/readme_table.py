@@ -38,6 +38,7 @@ from helpers.bench import geomean
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+TRAIN_STEP_CSV = "train_step.csv"  # python -m benchmarks.train_step: not a suite
 RESULTS_MD = ROOT / "RESULTS.md"
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOKS = ROOT / "notebooks"
@@ -406,7 +407,7 @@ def results_section(results_dir: Path = RESULTS) -> str:
     """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
     tuning runs (`tuning_table`); or `NO_RESULTS`."""
     csvs = sorted((p for p in results_dir.glob("*/*.csv")
-                   if not p.name.startswith(TUNE_PREFIX) and p.name != NOTEBOOKS_CSV),
+                   if not p.name.startswith(TUNE_PREFIX) and p.name not in (NOTEBOOKS_CSV, TRAIN_STEP_CSV)),
                   key=lambda p: (p.parent.name, _csv_key(p)))
     tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
     if not csvs and not tuning:
