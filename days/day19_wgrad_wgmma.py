@@ -306,8 +306,9 @@ def split_cost(p: Conv2dProblem, tile: WgradWgmmaTile, splits: int, sms: int = D
                balance: float = FLOP_PER_BYTE) -> float:
     """The model `choose_splits` minimises, in FLOP-equivalents of one SM's tensor cores: the
     critical path, ceil(units / sms) units on the busiest block times ceil(steps / splits) steps
-    of 2·BM·BN·64 FLOP each, plus the split's extra traffic spread over the whole GPU: each split
-    past the first writes an fp32 copy of dw that the reduction reads back (8 bytes an element),
+    of 2·BM·BN·64 FLOP each, plus the split's extra traffic spread over the whole GPU: with more
+    than one split every split writes an fp32 copy of dw that the reduction reads back (8 bytes an
+    element; one split writes dw directly),
     ``balance`` FLOP per byte for the GPU (the peak tensor rate over DRAM bandwidth), divided by
     ``sms`` to one SM's share. A model of two terms, not a fit: the step time and the bandwidth
     are the GPU's ratio, not measured here."""
