@@ -74,6 +74,8 @@ CURRICULUM = [
          "cuBLAS (sm_90a only)", "igemm_wgmma's schedules (day 16's variant)"),
     (18, "dgrad on Hopper: the filter turned around for day 16's fprop, strided layers by phases and one scatter "
          "(sm_90a only)", "dgrad_wgmma"),
+    (19, "wgrad on Hopper: wgmma on transposed (MN-major) operands, persistent work units, a deterministic split-K "
+         "chosen by cost; a training step on Hopper's kernels (sm_90a only)", "wgrad_wgmma"),
 ]
 
 
@@ -85,7 +87,7 @@ SHORT = {
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
     14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: TMA, wgmma, mbarriers",
-    17: "Hopper: warp specialisation, the rule", 18: "dgrad on Hopper",
+    17: "Hopper: warp specialisation, the rule", 18: "dgrad on Hopper", 19: "wgrad on Hopper",
 }
 # The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel;
 # day 17 runs day 16's).

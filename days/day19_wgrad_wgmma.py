@@ -23,8 +23,9 @@ layout on the way out (`slot_descriptors` lists the descriptors the kernel's ``m
 
 Work is split into units (split z, tap, m-tile, n-tile); split z takes the GEMM-K steps
 [steps·z / splits, steps·(z + 1) / splits) (`split_ranges`, day 14's `split_k_slices` in steps of
-64 pixels). `choose_splits` picks the split factor from the tile count ceil(K / BM)·ceil(C / BN)·
-R·S and the SM count (an argument, 132 by default). Persistent blocks (at most one per SM) take
+64 pixels). `choose_splits` picks the split factor with the least `split_cost`: the busiest
+block's steps (whole rounds of units over the SMs) plus the fp32 partials' extra traffic; the SM
+count is an argument (the GPU's, 132 without one). Persistent blocks (at most one per SM) take
 units b, b + grid, ... (`block_units`).
 
 The launches (`wgrad_wgmma_launches`):
@@ -82,6 +83,8 @@ LBO_BYTES = BOX_BYTES  # the next 64 MN elements (filters of A, channels of B): 
 K16_BYTES = 16 * ROW_BYTES  # a k16 slice: 16 pixel rows
 SWIZZLE_128B = 1  # the descriptor's layout type for the 128-byte swizzle (bits 62-63)
 MIN_SPLIT_STEPS = 8  # no split under 8 steps of 64 pixels (512 pixels): the ring needs steps to fill
+FLOP_PER_BYTE = 295.0  # the split rule's GPU balance: an H100 SXM's dense fp16 tensor rate over its DRAM
+# bandwidth (989 TFLOP/s / 3.35 TB/s, NVIDIA's H100 datasheet); a machine's own ratio can be passed instead
 REDUCE_THREADS = 256
 REDUCE_BLOCKS_PER_SM = 8  # the reduction's grid-stride loop: at most 8 blocks of 256 threads per SM
 NULL = np.uintp(0)  # a pointer argument the kernel does not read
@@ -299,29 +302,45 @@ def unit_of(p: Conv2dProblem, tile: WgradWgmmaTile, splits: int, u: int) -> tupl
     return tm, tn, tap, split, t0, t1
 
 
-def choose_splits(p: Conv2dProblem, tile: WgradWgmmaTile, sms: int = DEFAULT_SMS) -> int:
-    """The split factor: enough work units to give each of ``sms`` SMs one, ceil(sms / tiles)
-    (`tile_count`), but no split under `MIN_SPLIT_STEPS` steps of 64 pixels (steps //
-    MIN_SPLIT_STEPS), and at least 1. A first rule, not fitted on a GPU yet: it mirrors day 14's
-    aim (fill the GPU, keep slices long) without day 14's traffic cap, whose constants were measured
-    for day 14's kernel.
+def split_cost(p: Conv2dProblem, tile: WgradWgmmaTile, splits: int, sms: int = DEFAULT_SMS,
+               balance: float = FLOP_PER_BYTE) -> float:
+    """The model `choose_splits` minimises, in FLOP-equivalents of one SM's tensor cores: the
+    critical path, ceil(units / sms) units on the busiest block times ceil(steps / splits) steps
+    of 2·BM·BN·64 FLOP each, plus the split's extra traffic spread over the whole GPU: with more
+    than one split every split writes an fp32 copy of dw that the reduction reads back (8 bytes an
+    element; one split writes dw directly),
+    ``balance`` FLOP per byte for the GPU (the peak tensor rate over DRAM bandwidth), divided by
+    ``sms`` to one SM's share. A model of two terms, not a fit: the step time and the bandwidth
+    are the GPU's ratio, not measured here."""
+    steps, units = steps_of(p), tile_count(p, tile) * splits
+    main = cdiv(units, sms) * cdiv(steps, splits) * 2 * tile.bm * tile.bn * BK
+    extra = 8 * dw_elements(p) * splits * balance / sms if splits > 1 else 0.0
+    return main + extra
+
+
+def choose_splits(p: Conv2dProblem, tile: WgradWgmmaTile, sms: int = DEFAULT_SMS,
+                  balance: float = FLOP_PER_BYTE) -> int:
+    """The split factor with the least `split_cost` (the fewest splits among equals), from 1 to
+    steps // `MIN_SPLIT_STEPS` (no split under 8 steps of 64 pixels), at least 1. The cost counts
+    whole waves: 15 splits of 9 tiles on 132 SMs make 135 units, two rounds for three blocks, so
+    14 (one round) beats 15.
 
     Raises:
         ValueError: sms < 1.
     """
     if sms < 1:
         raise ValueError(f"sms = {sms}: at least one SM")
-    want = cdiv(sms, tile_count(p, tile))
-    return max(1, min(want, steps_of(p) // MIN_SPLIT_STEPS))
+    top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
+    return min(range(1, top + 1), key=lambda s: (split_cost(p, tile, s, sms, balance), s))
 
 
 def choose_tile(p: Conv2dProblem) -> WgradWgmmaTile:
     """The tile by the output's shape: K <= 64: 64 filters (a taller tile would be half empty) x
-    256 channels (128 when C <= 128); else 128 x 256 when C > 128, 256 x 128 when K >= 256 and
-    C <= 128, else 128 x 128. Not fitted on a GPU yet (the largest tile that the layer fills; the
-    split factor makes up the SMs)."""
+    64, 128 or 256 channels (C <= 64, <= 128, more); else 128 x 256 when C > 128, 256 x 128 when
+    K >= 256 and C <= 128, else 128 x 128. Not fitted on a GPU yet (the largest tile that the layer
+    fills; the split factor makes up the SMs)."""
     if p.K <= 64:
-        return BY_NAME["64x128_c1_s6" if p.C <= 128 else "64x256_c1_s4"]
+        return BY_NAME["64x64_c1_s8" if p.C <= 64 else "64x128_c1_s6" if p.C <= 128 else "64x256_c1_s4"]
     if p.C > 128:
         return BY_NAME["128x256_c2_s4"]
     return BY_NAME["256x128_c2_s4" if p.K >= 256 else "128x128_c2_s6"]

@@ -190,13 +190,14 @@ def test_curriculum_shows_the_gpu_and_the_measured_notebook_costs(tmp_path: Path
     assert "| sm_90a only | — | — | — |" in rows["| 16"] and "| sm_80+ |" in rows["| 13"]
     assert "| sm_90a only | — | — | — |" in rows["| 17"]  # day 16's kernel, no variant of its own
     assert "| sm_90a only | — | — | — |" in rows["| 18"]  # dgrad_wgmma: sm_90a, not yet measured
+    assert "| sm_90a only | — | — | — |" in rows["| 19"]  # wgrad_wgmma: sm_90a, not yet measured
     assert "NVIDIA H100" in table.splitlines()[-1]
 
 
 def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
     table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]}, results_dir=tmp_path)
     lines = table.split("\n\n")[0].splitlines()
-    assert len(lines) == 2 + 19 and lines[2].startswith("| 00 | planned |")
+    assert len(lines) == 2 + len(rt.CURRICULUM) and lines[2].startswith("| 00 | planned |")
     assert lines[3].endswith("| `naive` |") and lines[6].endswith("| `a`, `b` |")
     assert lines[4].endswith("| *z_out* |")
 

@@ -256,24 +256,30 @@ def test_split_ranges_are_day_14s_slices_in_steps(steps, splits):
 
 def test_the_split_rule():
     t = d19.BY_NAME["128x128_c2_s6"]
-    big = wgrad(N=32, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)  # 9 tiles of 64 x 128: ceil(132 / 9) = 15
-    t64 = d19.choose_tile(big)
-    assert t64.name == "64x128_c1_s6" and d19.tile_count(big, t64) == 9
-    assert d19.choose_splits(big, t64) == 15 and d19.choose_splits(big, t64, sms=78) == 9
-    assert d19.choose_splits(big, t64, sms=1) == 1
+    big = wgrad(N=32, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)  # 9 tiles of 64 x 64, 1568 steps
+    assert d19.choose_tile(big).name == "64x64_c1_s8"  # K, C <= 64: no half-empty tile
+    t64 = d19.BY_NAME["64x128_c1_s6"]
+    assert d19.tile_count(big, t64) == 9
+    # whole rounds: 15 splits make 135 units, two rounds on 132 SMs; 14 make 126, one round
+    assert d19.split_cost(big, t64, 14) < d19.split_cost(big, t64, 15) and d19.choose_splits(big, t64) == 14
+    # 78 SMs: 17 splits, two rounds of 93 steps (186), beat 8 splits, one round of 196
+    assert d19.choose_splits(big, t64, sms=78) == 17 and d19.choose_splits(big, t64, sms=1) == 1
+    # free traffic: the fewest steps on the busiest block (44 splits: 3 rounds of 36 = 108 < 14's 112);
+    # dear traffic: no split
+    assert d19.choose_splits(big, t64, balance=0.0) == 44 and d19.choose_splits(big, t64, balance=1e9) == 1
     few = wgrad(N=1, C=512, H=7, W=7, K=512, R=3, S=3, padding=1)  # 49 pixels: one step, one split
     assert d19.steps_of(few) == 1 and d19.choose_splits(few, t) == 1
     short = wgrad(N=2, C=64, H=28, W=28, K=64, R=1, S=1)  # 1568 pixels = 25 steps: at most 3 splits of >= 8
-    assert d19.choose_splits(short, t) == 25 // d19.MIN_SPLIT_STEPS == 3
-    many = wgrad(N=32, C=512, H=7, W=7, K=2048, R=1, S=1)  # 16 x 2 = 32 tiles: 5 splits would fill 132 SMs,
-    assert d19.choose_splits(many, d19.choose_tile(many), sms=10_000) == 25 // 8  # but 25 steps make 3 of >= 8
-    assert d19.choose_splits(many, d19.choose_tile(many)) == 3 and d19.choose_splits(many, d19.BY_NAME[
-        "128x256_c2_s4"], sms=64) == 2
+    assert d19.choose_splits(short, t, balance=0.0) == 25 // d19.MIN_SPLIT_STEPS == 3
+    many = wgrad(N=32, C=1024, H=14, W=14, K=2048, R=1, S=1, stride=2)  # 64 tiles of 128 x 256, 25 steps
+    t256 = d19.choose_tile(many)
+    assert t256.name == "128x256_c2_s4" and d19.tile_count(many, t256) == 64
+    # two splits halve the busiest block's steps (25 -> 13) but add 16.8 MB of fp32 partials: one wins
+    assert d19.split_cost(many, t256, 2) > d19.split_cost(many, t256, 1) and d19.choose_splits(many, t256) == 1
     for p in (big, few, short, many):
         cfg = d19.choose(p, sms=132)
         units = d19.tile_count(p, cfg.tile) * cfg.splits
-        assert cfg.blocks == min(units, 132) and 1 <= cfg.splits <= d19.steps_of(p)
-        assert units >= 132 or cfg.splits == max(1, d19.steps_of(p) // d19.MIN_SPLIT_STEPS)
+        assert cfg.blocks == min(units, 132) and 1 <= cfg.splits <= max(1, d19.steps_of(p) // d19.MIN_SPLIT_STEPS)
     with pytest.raises(ValueError, match="at least one SM"):
         d19.choose_splits(big, t, sms=0)
 
@@ -390,8 +396,8 @@ def test_refusals_name_the_value(change, words):
 
 
 def test_shared_memory_beyond_the_gpus_is_refused():
-    reason = V.supports(wgrad(**BASE))  # 64x128, 6 stages; no GPU: the 48 KB every GPU allows, assumed
-    assert "needs 148480 B of shared memory per block; the limit is 49152 B (assumed without a GPU" in reason
+    reason = V.supports(wgrad(**BASE))  # 64x64, 8 stages; no GPU: the 48 KB every GPU allows, assumed
+    assert "needs 132096 B of shared memory per block; the limit is 49152 B (assumed without a GPU" in reason
 
 
 def test_other_operations_dtypes_layouts_and_epilogues_are_refused():

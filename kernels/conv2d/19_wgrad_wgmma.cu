@@ -339,6 +339,7 @@ WGRAD_WGMMA_ENTRY(128, 256, 1, 2, 4)
 WGRAD_WGMMA_ENTRY(256, 128, 2, 2, 4)
 WGRAD_WGMMA_ENTRY(64, 128, 1, 1, 6)
 WGRAD_WGMMA_ENTRY(64, 256, 1, 1, 4)
+WGRAD_WGMMA_ENTRY(64, 64, 1, 1, 8)
 
 // ---- the reduction: dw = sum of the splits' fp32 partials, in split order, rounded once
 constexpr int REDUCE_THREADS = 256;
