@@ -161,12 +161,12 @@ def measure(info=None) -> Machine:
             tuner's kernels do), or a limit the driver does not report (`limits_of`).
         RuntimeError: a probe kernel wrote non-finite sums.
     """
-    gpu.init()
-    info = info if info is not None else gpu.device_info()
+    info = info if info is not None else gpu.device_info()  # device_info initialises the shared context
     if tuple(info.cc) < (8, 0):
         raise ValueError(f"the machine probe needs compute capability 8.0 or newer (mma.sync.m16n8k16 with fp16, "
                          f"as the tuner's kernels); {info.name} is {info.cc[0]}.{info.cc[1]}")
     limits = limits_of(info)
+    gpu.init()
     l2, sms = limits["l2_bytes"], limits["sms"]
     dram_bytes = min(max(DRAM_L2_MULTIPLE * l2, DRAM_MIN_BYTES), info.total_mem_bytes // 8) // 256 * 256
     threads = BLOCKS_PER_SM * sms * PROBE_THREADS
