@@ -9,6 +9,7 @@
 #                                                   # resnet50_fp32 resnet50_fp32_NHWC resnet50_fp16_NHWC
 #                                                   # resnet50_dgrad_fp16_NHWC resnet50_wgrad_fp16_NHWC (default: all)
 #   benchmarks/device_session.sh notebooks [notebooks/day_NN_*.ipynb ...]   # re-execute in place
+#   benchmarks/device_session.sh train [--batch N]   # day 14's training step on each kernel set vs torch
 #   benchmarks/device_session.sh tune [SUITE ...]   # day 15's CSVs: per SUITE (default: resnet50 outside) a cold
 #                                                   # tune with the exhaustive sweep, then a warm rerun;
 #                                                   # VARIANTS="a b" tunes only those, SWEEP=0 skips the sweep
@@ -23,7 +24,7 @@
 # ends by packing them with the logs into $OUT/<part>.tar.gz. Exit status: 1 if any command failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: benchmarks/device_session.sh tests|sanitize|bench|notebooks|tune [...]}
+part=${1:?usage: benchmarks/device_session.sh tests|sanitize|bench|notebooks|train|tune [...]}
 shift
 out=${OUT:-out}
 mkdir -p "$out"
@@ -83,6 +84,9 @@ case "$part" in
   notebooks)
     step notebooks python3 -m benchmarks.notebooks "$@"
     ;;
+  train)
+    step train python3 -m benchmarks.train_step "$@"
+    ;;
   tune)
     cache="$out/tune_cache.json"
     rm -f "$cache"
@@ -102,7 +106,7 @@ case "$part" in
     done
     ;;
   *)
-    echo "unknown part $part: tests, sanitize, bench, notebooks or tune" >&2
+    echo "unknown part $part: tests, sanitize, bench, notebooks, train or tune" >&2
     exit 2
     ;;
 esac

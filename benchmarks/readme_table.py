@@ -38,6 +38,7 @@ from helpers.bench import geomean
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+TRAIN_STEP_CSV = "train_step.csv"  # python -m benchmarks.train_step: not a suite
 RESULTS_MD = ROOT / "RESULTS.md"
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOKS = ROOT / "notebooks"
@@ -67,8 +68,12 @@ CURRICULUM = [
          "step through torch.autograd", "dgrad, wgrad"),
     (15, "the per-workload tuner: search space, pruning model, parallel compile, on-disk cache; judged on workloads "
          "it never saw", "tuner"),
-    (16, "Hopper: wgmma, TMA (tiled + im2col), mbarriers, warp specialisation, persistent blocks (sm_90a only)",
-     "igemm_wgmma"),
+    (16, "Hopper's data path on one warpgroup: TMA (tiled + im2col), wgmma from shared memory, an mbarrier ring "
+         "(sm_90a only)", "igemm_wgmma"),
+    (17, "Hopper's schedules: warp specialisation, persistent blocks, ping-pong, clusters; a per-layer rule; against "
+         "cuBLAS (sm_90a only)", "igemm_wgmma's schedules (day 16's variant)"),
+    (18, "dgrad on Hopper: the filter turned around for day 16's fprop, strided layers by phases and one scatter "
+         "(sm_90a only)", "dgrad_wgmma"),
 ]
 
 
@@ -79,10 +84,12 @@ SHORT = {
     3: "the input tile in shared memory", 4: "tile plus halo", 5: "float, double or compensated sums",
     6: "register blocking", 7: "stride, padding, dilation, groups", 8: "im2col + GEMM", 9: "implicit GEMM, CUDA cores",
     10: "tensor cores: WMMA", 11: "mma.sync + ldmatrix", 12: "the cp.async pipeline", 13: "the production kernel",
-    14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: wgmma and TMA",
+    14: "backward: dgrad and wgrad", 15: "a per-workload tuner", 16: "Hopper: TMA, wgmma, mbarriers",
+    17: "Hopper: warp specialisation, the rule", 18: "dgrad on Hopper",
 }
-# The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel).
-DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), "")}
+# The GPU a day needs where no variant of its own says (day 00 needs none of its own; day 15 tunes day 13's kernel;
+# day 17 runs day 16's).
+DAY_GPU = {0: ((7, 5), ""), 15: ((8, 0), ""), 17: ((9, 0), "a")}
 LAPTOP_MIB = 8 * 1024  # "fits an 8 GB laptop GPU": its peak under this (the display and driver take some)
 OVERVIEW_PNG = RESULTS / "overview.png"
 OVERVIEW_SUITE = "quick"
@@ -246,7 +253,8 @@ def overview_section(results_dir: Path = RESULTS) -> str:
             "suite is 6 small layers, each day in its own dtype "
             "and layout against cuDNN in the same; ResNet-50 is its 19 forward layers at N = 32 and 256. Days 14 "
             "(backward) and 15 (the tuner) were measured on ResNet-50 on another GPU: "
-            "[RESULTS.md](RESULTS.md) has every run.")
+            "[RESULTS.md](RESULTS.md) has every run. Day 17 teaches the schedules of day 16's variant: its numbers are "
+            "in day 16's row. Day 18 (dgrad) is measured in its notebook.")
     return head + "\n\n" + "\n".join(lines)
 
 
@@ -399,7 +407,7 @@ def results_section(results_dir: Path = RESULTS) -> str:
     """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
     tuning runs (`tuning_table`); or `NO_RESULTS`."""
     csvs = sorted((p for p in results_dir.glob("*/*.csv")
-                   if not p.name.startswith(TUNE_PREFIX) and p.name != NOTEBOOKS_CSV),
+                   if not p.name.startswith(TUNE_PREFIX) and p.name not in (NOTEBOOKS_CSV, TRAIN_STEP_CSV)),
                   key=lambda p: (p.parent.name, _csv_key(p)))
     tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
     if not csvs and not tuning:

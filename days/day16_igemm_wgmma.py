@@ -2,12 +2,14 @@
 mbarriers, warp specialisation, persistent blocks), its tensor maps, refusals and coverage model.
 
 A `WgmmaConfig` names one compiled entry: the schedule (``one_wg``, ``specialised``,
-``persistent``, ``pingpong``, ``cluster``, ``cluster_a``: day 16's ladder), block tile BM x BN,
+``persistent``, ``pingpong``, ``cluster``, ``cluster_a``: the ladder of day 17's notebook), block tile BM x BN,
 consumer warpgroups and stages.
 `ENTRIES` is read from the ``.cu`` file's ``WGMMA_ENTRY`` lines, the one list of what is built; a
 configuration also carries the tile order (``group_m``, a kernel argument: `tile_coords`).
-`make_wgmma` builds a variant with one configuration forced (the ladder's steps in the notebook);
-the registered ``igemm_wgmma`` picks one per problem (`choose`).
+`make_wgmma` builds a variant with one configuration forced (the ladder's steps in day 17's
+notebook); the registered ``igemm_wgmma`` picks one per problem (`choose`). The ring's programs
+are replayed in Python (`replay_ring`, on model mbarriers), and `schedule_timeline` draws the
+persistent and ping-pong schedules as a schematic.
 
 The tensor maps (`helpers.tma`): x as an `helpers.tma.Im2colMap` (dims C, W, H, N; BM pixels of
 64 channels per copy; the bounding box that holds exactly P x Q output pixels per image), w as a
@@ -21,7 +23,9 @@ or groups > 1 are refused with the reason: day 13's kernel runs them.
 
 from __future__ import annotations
 
+import random
 import re
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,6 +87,12 @@ class WgmmaConfig:
     def threads(self) -> int:
         """128 per warpgroup: the consumers, plus the producer when specialised."""
         return 128 * (self.consumers + (self.mode != "one_wg"))
+
+    @property
+    def m_tiles(self) -> int:
+        """MT, the 64-row m-tiles of one consumer warpgroup (the ``WGMMA_ENTRY`` lines' fifth
+        field): bm / 64 with ping-pong (each consumer owns a whole tile), else bm / (64 consumers)."""
+        return self.bm // 64 // (1 if self.mode == "pingpong" else self.consumers)
 
     @property
     def shared_bytes(self) -> int:
@@ -240,7 +250,7 @@ def choose(p: Conv2dProblem) -> WgmmaConfig:
     N = 32 and 0.997x at N = 256 (geomeans), against 1.048x and 1.001x for the best configuration
     per layer; the rule before it (8 ping-pong steps, 256 x 128 for every large tile, no halving)
     reached 1.005x and 0.993x on the same run. Out of sample: VGG-16's and U-Net's 3x3 layers at
-    N = 8 (section 9 of the notebook). The tile order (2026-12-04): on the GEMM-shaped 1x1 layer
+    N = 8 (day 17's notebook, section 6). The tile order (2026-12-04): on the GEMM-shaped 1x1 layer
     (N P Q = C = K = 8192, a 128 MiB filter) groups of 8 m-tiles took persistent_256x128 from
     1.718 to 1.658 ms (-3.5 %); on ResNet-50 (filters up to 4.5 MiB) they changed the rule's
     configurations by -4 % .. +1 %.
@@ -484,6 +494,274 @@ def capped(config: WgmmaConfig | str, units: int, name: str = "igemm_wgmma") -> 
     v = replace(v, supports_fn=lambda p, c: problem_reason(p, c) or ring(p))
     return v.with_output_launch(lambda launch: replace(launch, grid=(min(launch.grid[0], blocks), 1, 1)),
                                 name=f"{v.name}_grid{blocks}")
+
+
+
+# ---- the ring, replayed in Python -------------------------------------------------------------
+# The kernel's programs (one_warpgroup, produce, consume) as Python generators over a model
+# mbarrier, interleaved by a seeded random scheduler with the asynchronous parts (a copy lands, a
+# wgmma group retires), as day 12's `replay` does for cp.async. Day 16's notebook draws the one
+# warpgroup's ring with it, day 17's replays every schedule and plants the classic mistakes.
+
+
+class RingHazard(Exception):
+    """A rule of the ring broken in a replayed schedule (the message says which)."""
+
+
+class Mbarrier:
+    """An mbarrier as the kernel uses it: a phase completes when ``count`` arrivals and every byte
+    announced with expect_tx are in; ``passed(parity)`` is the wait of ``mbar_wait(bar, parity)``:
+    true while the current phase's parity differs from ``parity`` (that phase has completed)."""
+
+    def __init__(self, name: str, count: int):
+        self.name, self.count, self.pending, self.tx, self.phase = name, count, count, 0, 0
+
+    def arrive(self, n: int = 1) -> None:
+        if n > self.pending:
+            raise RingHazard(f"{self.name}: {n} arrivals on a phase that expects {self.pending} more")
+        self.pending -= n
+        self._complete()
+
+    def expect_tx(self, nbytes: int) -> None:
+        """mbarrier.arrive.expect_tx: announce the bytes, then arrive once."""
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int) -> None:
+        """A copy landing: its bytes count off."""
+        self.tx -= nbytes
+        self._complete()
+
+    def _complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase, self.pending = self.phase + 1, self.count
+
+    def passed(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+# The mistakes `replay_ring` can plant (``bug=``), each a classic of mbarrier rings.
+RING_BUGS = {
+    "early arrive": "a consumer arrives on empty[s] as soon as it issues its wgmma, before wgmma.wait_group",
+    "full parity": "consumers wait on full[s] with parity (u / STAGES + 1) & 1",
+    "empty parity": "the producer waits on empty[s] with parity (u / STAGES) & 1",
+    "empty count": "empty[s] initialised for one warpgroup's 4 arrivals with 2 consumers",
+    "no order wait": "ping-pong: a consumer starts its next tile without waiting on its order barrier",
+}
+
+
+def replay_ring(mode: str, stages: int, steps: int, tiles: int = 1, consumers: int = 2, bm: int = 128,
+                bn: int = 128, seed: int = 0, bug: str | None = None, trace: list | None = None,
+                slow_copies: float = 1.0) -> int:
+    """Replay one block's ring under one random interleaving (``seed``); return the events run.
+
+    ``mode``: "one_wg", one warpgroup that issues its copies STAGES - 1 steps ahead between its
+    own wgmma steps (one tile, as `one_warpgroup`); "specialised" / "persistent", a producer and
+    ``consumers`` consumer warpgroups over ``tiles`` tiles, the ring's uses counted across tiles,
+    every consumer reading every slot (its rows of A, all of B: `produce`, `consume`);
+    "pingpong", two consumers taking the block's tiles in turn, each use read by one, their main
+    loops ordered by order[0], order[1] as in the kernel. A copy lands, and a committed wgmma
+    group retires, at any later moment; with ``slow_copies`` < 1 a landing is picked that much less
+    often than the other events (copies linger). ``bug``: a key of `RING_BUGS`. ``trace``, if
+    given, collects (event number, "copy" | "land" | "read" | "retire", slot, use).
+
+    Raises:
+        RingHazard: a copy into a slot a wgmma still reads, a refill before every consumer read
+            the slot, a wgmma on a slot without its step or its bytes, more arrivals than a phase
+            expects, a deadlock, or a step never read by every consumer.
+    """
+    if bug is not None and bug not in RING_BUGS:
+        raise ValueError(f"bug must be one of {', '.join(RING_BUGS)}; got {bug!r}")
+    one, ping = mode == "one_wg", mode == "pingpong"
+    groups = 1 if one else consumers
+    readers = 1 if one or ping else consumers  # consumer warpgroups that read each use of a slot
+    rng = random.Random(seed)
+    full = [Mbarrier(f"full[{s}]", 1) for s in range(stages)]
+    empty = [Mbarrier(f"empty[{s}]", 4 * (1 if bug == "empty count" else readers)) for s in range(stages)]
+    order = [Mbarrier(f"order[{g}]", 1) for g in range(2)]
+    total = tiles * steps
+    holds, landing, reading = [None] * stages, [0] * stages, [Counter() for _ in range(stages)]
+    done = defaultdict(set)  # use -> consumers whose wgmma on it retired
+    copies, mma = [], {g: deque() for g in range(groups)}
+
+    def issue(u):  # issue_step: one arrival with the bytes, then the im2col copy of A and the tiled copy of B
+        s = u % stages
+        yield ("expect_tx", full[s], (bm + bn) * ROW_BYTES)
+        yield ("copy", s, u, full[s], bm * ROW_BYTES)
+        yield ("copy", s, u, full[s], bn * ROW_BYTES)
+
+    def full_parity(u):
+        return ((u // stages) + (bug == "full parity")) & 1
+
+    def empty_parity(u):  # the refill of use u waits for the phase of use u - STAGES
+        return ((u // stages) - (bug != "empty parity")) & 1
+
+    def one_wg():
+        for t in range(min(stages - 1, total)):
+            yield from issue(t)
+        for t in range(total):
+            s = t % stages
+            yield ("wait", full[s], full_parity(t))
+            yield ("mma", 0, s, t)
+            if bug == "early arrive":
+                yield ("arrive", empty[s], 4)
+            yield ("mma_wait", 0, 1)
+            if t > 0 and bug != "early arrive":
+                yield ("arrive", empty[(t - 1) % stages], 4)
+            nxt = t + stages - 1
+            if nxt < total:
+                if nxt >= stages:
+                    yield ("wait", empty[nxt % stages], empty_parity(nxt))
+                yield from issue(nxt)
+        yield ("mma_wait", 0, 0)
+
+    def producer():
+        for u in range(total):
+            if u >= stages:
+                yield ("wait", empty[u % stages], empty_parity(u))
+            yield from issue(u)
+
+    def pingpong_consumer(g):  # this consumer's tiles are g, g + 2, ... of the block
+        u = g * steps
+        for n, _tile in enumerate(range(g, tiles, 2)):
+            if (g == 1 or n > 0) and bug != "no order wait":
+                yield ("wait", order[g], (n - (g == 0)) & 1)
+            for t in range(steps):
+                s = u % stages
+                yield ("wait", full[s], full_parity(u))
+                yield ("mma", g, s, u)
+                yield ("mma_wait", g, 1)
+                if t > 0:
+                    yield ("arrive", empty[(u - 1) % stages], 4)
+                u += 1
+            yield ("arrive", order[1 - g], 1)  # the other consumer's turn
+            yield ("mma_wait", g, 0)
+            yield ("arrive", empty[(u - 1) % stages], 4)
+            u += steps  # the slot uses of the other consumer's tile
+
+    def consumer(g):
+        u = 0
+        for _tile in range(tiles):
+            for t in range(steps):
+                s = u % stages
+                yield ("wait", full[s], full_parity(u))
+                yield ("mma", g, s, u)
+                if bug == "early arrive":
+                    yield ("arrive", empty[s], 4)
+                yield ("mma_wait", g, 1)
+                if t > 0 and bug != "early arrive":
+                    yield ("arrive", empty[(u - 1) % stages], 4)
+                u += 1
+            yield ("mma_wait", g, 0)
+            if bug != "early arrive":
+                yield ("arrive", empty[(u - 1) % stages], 4)
+
+    program = pingpong_consumer if ping else consumer
+    actors = ({"warpgroup": one_wg()} if one else
+              {"producer": producer(), **{f"consumer {g}": program(g) for g in range(groups)}})
+    nxt = {a: next(gen, None) for a, gen in actors.items()}
+    events = 0
+    while True:
+        ready = [("run", a) for a, op in nxt.items() if op is not None
+                 and not (op[0] == "wait" and not op[1].passed(op[2]))
+                 and not (op[0] == "mma_wait" and len(mma[op[1]]) > op[2])]
+        weights = [1.0] * len(ready) + [slow_copies] * len(copies) + [1.0] * sum(bool(q) for q in mma.values())
+        ready += [("land", i) for i in range(len(copies))] + [("retire", g) for g in mma if mma[g]]
+        if not ready:
+            stuck = {a: op for a, op in nxt.items() if op is not None}
+            if stuck:
+                raise RingHazard("deadlock: " + "; ".join(f"{a} waits on {op[1].name if op[0] == 'wait' else 'wgmma'}"
+                                                          for a, op in stuck.items()))
+            break
+        kind, who = rng.choices(ready, weights)[0]
+        events += 1
+        if kind == "land":
+            s, u, bar, nbytes = copies.pop(who)
+            landing[s] -= 1
+            bar.complete_tx(nbytes)
+            if trace is not None:
+                trace.append((events, "land", s, u))
+            continue
+        if kind == "retire":
+            s, u = mma[who].popleft()
+            reading[s][who] -= 1
+            done[u].add(who)
+            if trace is not None:
+                trace.append((events, "retire", s, u))
+            continue
+        op = nxt[who]
+        if op[0] == "arrive":
+            op[1].arrive(op[2])
+        elif op[0] == "expect_tx":
+            op[1].expect_tx(op[2])
+        elif op[0] == "copy":
+            _, s, u, bar, nbytes = op
+            if sum(reading[s].values()):
+                raise RingHazard(f"the copy of step {u} into slot {s} while a wgmma still reads step {holds[s]} there")
+            if holds[s] is not None and holds[s] != u and len(done[holds[s]]) < readers:
+                raise RingHazard(f"the copy of step {u} overwrites slot {s} before every consumer read step {holds[s]}")
+            holds[s] = u
+            landing[s] += 1
+            copies.append((s, u, bar, nbytes))
+            if trace is not None:
+                trace.append((events, "copy", s, u))
+        elif op[0] == "mma":
+            _, g, s, u = op
+            if holds[s] != u or landing[s]:
+                what = f"holds step {holds[s]}" if holds[s] != u else "is still being written"
+                raise RingHazard(f"consumer {g}'s wgmma reads step {u} from slot {s}, which {what}")
+            reading[s][g] += 1
+            mma[g].append((s, u))
+            if trace is not None:
+                trace.append((events, "read", s, u))
+        nxt[who] = next(actors[who], None)
+    missing = [u for u in range(total) if len(done[u]) < readers]
+    if missing:
+        raise RingHazard(f"steps {missing[:4]} were never read by every consumer")
+    return events
+
+
+def ring_spans(trace: list) -> dict[tuple[int, int], dict[str, tuple[int, int]]]:
+    """A `replay_ring` trace as spans on its event clock, per (slot, use): "copy in flight" (the
+    first copy issued to the last landed), "landed, waiting" (to the first wgmma read) and "read by
+    wgmma" (to the last retire: every consumer done)."""
+    first, last = defaultdict(dict), defaultdict(dict)
+    for ev, what, s, u in trace:
+        first[(s, u)].setdefault(what, ev)
+        last[(s, u)][what] = ev
+    return {k: {"copy in flight": (first[k]["copy"], last[k]["land"]),
+                "landed, waiting": (last[k]["land"], first[k]["read"]),
+                "read by wgmma": (first[k]["read"], last[k]["retire"])} for k in first}
+
+
+def schedule_timeline(mode: str, tiles: int, mainloop: float,
+                      epilogue: float) -> list[tuple[str, str, int, float, float]]:
+    """A schematic of one block's two consumer warpgroups over its ``tiles`` tiles, as spans
+    (consumer, "main loop" | "epilogue", tile, start, end), for day 17's picture. Assumed, not
+    measured: one main loop at a time keeps the tensor cores busy and takes ``mainloop`` per tile
+    however it is split; storing a whole tile takes one warpgroup ``epilogue``; the producer keeps
+    the ring full. "persistent": both consumers run each tile's main loop (half the rows each),
+    then both store their halves (``epilogue`` / 2), and only then start the next tile.
+    "pingpong": consumer g takes tiles g, g + 2, ...; a main loop starts when the previous tile's
+    has ended (the order barrier) and its consumer has stored its previous tile."""
+    if mode not in ("persistent", "pingpong"):
+        raise ValueError(f"mode must be 'persistent' or 'pingpong'; got {mode!r}")
+    spans, t0 = [], 0.0
+    if mode == "persistent":
+        for t in range(tiles):
+            for g in range(2):
+                spans += [(f"consumer {g}", "main loop", t, t0, t0 + mainloop),
+                          (f"consumer {g}", "epilogue", t, t0 + mainloop, t0 + mainloop + epilogue / 2)]
+            t0 += mainloop + epilogue / 2
+        return spans
+    free = [0.0, 0.0]  # when each consumer has stored its last tile
+    for t in range(tiles):
+        g = t % 2
+        start = max(t0, free[g])
+        spans += [(f"consumer {g}", "main loop", t, start, start + mainloop),
+                  (f"consumer {g}", "epilogue", t, start + mainloop, start + mainloop + epilogue)]
+        t0, free[g] = start + mainloop, start + mainloop + epilogue
+    return spans
 
 
 register(make_wgmma())

@@ -169,8 +169,8 @@ def _check_stream(device: torch.device) -> None:
 
 
 # Plans `prepare(..., cache=True)` made, by (id of the variant, problem, epilogue); the oldest is
-# dropped past PLAN_CACHE_SIZE. Each keeps its kernels by device, arch and the kernel file's
-# `helpers.compile.source_hash`, so an edited kernel is built again.
+# dropped past PLAN_CACHE_SIZE. Each keeps its kernels by device, arch and the
+# `helpers.compile.source_hash` of every kernel file its launches use, so an edited kernel is built again.
 PLAN_CACHE_SIZE = 4096
 _plans: OrderedDict = OrderedDict()
 
@@ -195,14 +195,22 @@ def _cached_plan(v: Variant, problem: Conv2dProblem, epilogue: Epilogue, config:
     return plan
 
 
+def sources_key(plan: Plan) -> tuple[str, ...]:
+    """The `helpers.compile.source_hash` of each kernel file the plan's launches are built from
+    (`helpers.variants.Plan.sources`, in order): what `compiled` keys the plan's kernels on, so an
+    edit to any of them, or to a file one includes, builds them again."""
+    return tuple(hc.source_hash(f) for f in plan.sources)
+
+
 def compiled(plan: Plan, device: torch.device, arch: str) -> list[tuple[KernelLaunch, object]]:
     """The plan's kernels built for ``arch`` (`compile_launches`), kept in the plan by device,
-    arch and the kernel file's `helpers.compile.source_hash` (an edited kernel is built again).
+    arch and the `helpers.compile.source_hash` of each kernel file its launches are built from
+    (`helpers.variants.Plan.sources`, in order): an edit to any of them builds again.
 
     Raises:
         UnsupportedProblem: a build allows fewer threads per block than a launch has.
     """
-    key = (device, arch, hc.source_hash(plan.variant.cu_file))
+    key = (device, arch, sources_key(plan))
     if key not in plan.compiled:
         plan.compiled[key] = compile_launches(plan.variant, list(plan.launches), arch)
     return plan.compiled[key]
@@ -237,9 +245,11 @@ def _launcher(fn, args: tuple, cfg: LaunchConfig) -> Callable[[], None]:
 
 
 def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[tuple[KernelLaunch, object]]:
-    """Build every launch's kernel of ``v`` for ``arch`` (cached): ``[(launch, launcher)]``, the
-    launcher the pycuda function, or for a launch that passes a `helpers.tma.TensorMap` the
-    function behind `_MapLauncher`, which places the arguments where the driver expects them.
+    """Build every launch's kernel of ``v`` for ``arch`` (cached), each from its kernel file
+    (`helpers.variants.KernelLaunch.source`: the variant's unless the launch names one):
+    ``[(launch, launcher)]``, the launcher the pycuda function, or for a launch that passes a
+    `helpers.tma.TensorMap` the function behind `_MapLauncher`, which places the arguments where
+    the driver expects them.
 
     Raises:
         UnsupportedProblem: a block larger than the compiled kernel allows.
@@ -247,8 +257,8 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
     out = []
     for k in launches:
         maps = any(isinstance(a, TensorMap) for a in k.args)
-        kern = hc.load_kernel(v.cu_file, k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes, arch=arch,
-                           params=len(k.args) if maps else 0)
+        kern = hc.load_kernel(k.source(v), k.entry, k.build_defines(v), dynamic_smem=k.config.shared_bytes,
+                              arch=arch, params=len(k.args) if maps else 0)
         if k.config.threads_per_block > kern.max_threads_per_block:
             raise UnsupportedProblem(
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
@@ -273,7 +283,7 @@ class _MapLauncher:
 def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
     """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
     pointer plus its ``offset`` (0 for an operand passed as None), each `helpers.tma.TensorMap`
-    the map encoded for the named tensor's address (`helpers.tma.encode`).
+    the map encoded for the named tensor's address plus its ``offset`` (`helpers.tma.encode`).
 
     Raises:
         ValueError: a launch names a buffer that is not among ``tensors`` (or is None, for a
@@ -289,14 +299,15 @@ def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str
                     raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
                                      f"{', '.join(tensors)}")
                 t = tensors[a.name]
+            if isinstance(a, (Buffer, TensorMap)) and a.offset and (
+                    t is None or not 0 <= a.offset < t.numel() * t.element_size()):
+                raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
+                                 "outside the tensor")
             if isinstance(a, TensorMap):
                 if t is None:
                     raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
-                args.append(encode_map(a.desc, t.data_ptr()))
+                args.append(encode_map(a.desc, t.data_ptr() + a.offset))
             elif isinstance(a, Buffer):
-                if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
-                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
-                                     "outside the tensor")
                 args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
             else:
                 args.append(a)

@@ -198,10 +198,12 @@ copy issued on it would fault."""
 class TensorMap:
     """A tensor-map argument of a `helpers.variants.KernelLaunch`: the map ``desc`` of the tensor
     named ``name`` (as a `helpers.variants.Buffer` names it), encoded with that tensor's address
-    when the launch is bound (`helpers.launch.bind`)."""
+    plus ``offset`` bytes (e.g. one part of the workspace) when the launch is bound
+    (`helpers.launch.bind`)."""
 
     name: str
     desc: TiledMap | Im2colMap
+    offset: int = 0
 
 
 def kernel_args(args: tuple, offsets: tuple) -> tuple:

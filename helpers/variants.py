@@ -15,7 +15,9 @@ A `Variant` ties a ``.cu`` file to plain functions of the problem:
   names its entry point, grid/block/shared bytes and its arguments, pointers by name (`Buffer`:
   the op's tensors x, w, y (or dy, dx, dw), ``workspace``, the epilogue operands ``cin`` and
   ``bias``), tensor maps for the copy engine by tensor name (`helpers.tma.TensorMap`: day 16) and
-  scalars as numpy values (``np.int32``, ``np.float32``, as pycuda needs);
+  scalars as numpy values (``np.int32``, ``np.float32``, as pycuda needs). A launch is built from
+  the variant's ``.cu`` file unless it names its own (`KernelLaunch.cu_file`: day 18 runs day 16's
+  kernel, built from day 16's file);
 * ``covers_fn(problem, launch_config[, config]) -> np.ndarray``: a Python model of the last
   launch (the one that writes the output): how many times it writes each output element, so
   tests prove on the CPU that every element is written exactly once;
@@ -96,13 +98,22 @@ class KernelLaunch:
     order: `Buffer` for pointers, numpy scalars for values). ``name`` labels it in a `Plan`
     (``"main"`` for one-kernel variants). ``defines``: ``(name, value)`` pairs added to the
     variant's own ``defines`` for this launch's build (e.g. the one tile a tuner's candidate
-    compiles alone)."""
+    compiles alone). ``cu_file``: the ``kernels/conv2d`` file this launch's entry is built from;
+    None: the variant's ``cu_file`` (`source`). A launch names its own file when its kernel is
+    another day's, built from that day's file as it is (day 18 runs day 16's fprop after its own
+    kernel), instead of one ``.cu`` including another's."""
 
     name: str
     entry: str
     config: LaunchConfig
     args: tuple
     defines: tuple = ()
+    cu_file: str | None = None
+
+    def source(self, variant: Variant) -> str:
+        """The ``kernels/conv2d`` file this launch's kernel is built from: its own ``cu_file``, or
+        the variant's."""
+        return self.cu_file if self.cu_file is not None else variant.cu_file
 
     def build_defines(self, variant: Variant) -> dict:
         """The ``-D`` defines this launch's kernel is built with: the variant's, then its own."""
@@ -115,7 +126,7 @@ class Variant:
 
     name: str
     day: int
-    cu_file: str
+    cu_file: str  # the kernels/conv2d file its launches are built from (a launch may name its own)
     summary: str
     supports_fn: Callable[..., str | None]
     launches_fn: Callable[..., list[KernelLaunch]]
@@ -278,8 +289,9 @@ class Plan:
     ``config`` is the variant's configuration (None without a ``config_fn``); ``reason`` is None
     when the variant handles the problem's shape, else why not. `launches` (the kernel launches
     of one run, in order, the last writing the output) and `workspace_bytes` (the scratch one run
-    needs) are asked for on first use and kept. ``compiled`` holds the built kernels by (device,
-    arch, source hash), filled by `helpers.launch.prepare`.
+    needs) are asked for on first use and kept. `sources` are the kernel files its launches are
+    built from. ``compiled`` holds the built kernels by (device, arch, the source hash of each of
+    `sources`), filled by `helpers.launch.prepare`.
     """
 
     variant: Variant
@@ -313,6 +325,16 @@ class Plan:
                 raise ValueError(f"{self.variant.name}: launch names must be unique and at least one; got {names}")
             self._launches = ks
         return self._launches
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The ``kernels/conv2d`` files the launches are built from (`KernelLaunch.source`), each
+        once, in launch order: the variant's ``cu_file`` alone unless a launch names another.
+
+        Raises:
+            ValueError: what `launches` raises.
+        """
+        return tuple(dict.fromkeys(k.source(self.variant) for k in self.launches))
 
     @property
     def workspace_bytes(self) -> int:

@@ -7,6 +7,8 @@
   lazily), and no circle among its modules;
 * no helper is defined twice across the day modules (same body under any name), and no day
   redefines a kit name;
+* no kernel file includes another ``.cu`` (a kernel two days use lives in a header, or the
+  launch that runs it is built from its own file: `KernelLaunch.cu_file`);
 * the kit's argument packing and launch helpers, the build targets of a variant, and `bind`
   (the one place a launch's named buffers become pointers), on the CPU.
 
@@ -375,7 +377,8 @@ def test_the_duplicate_check_catches_a_planted_copy(copy):
 def test_every_day_module_is_imported_by_the_package():
     on_disk = {p.stem for p in (ROOT / "days").glob("day*.py")} | {p.name for p in (ROOT / "days").glob("day*/")}
     assert set(days.DAY_MODULES) == on_disk
-    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 15)) | {16}
+    # day 15 tunes day 13's variants; day 17 runs day 16's; day 19 is wgrad on Hopper
+    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 15)) | {16, 18, 19}
 
 
 # ---- the kit -------------------------------------------------------------------------------------
@@ -443,6 +446,36 @@ def test_build_targets():
     assert "exist only on compute capability 9.0" in h.build_reason((12, 0))
     p = Conv2dProblem(N=1, C=3, H=8, W=8, K=4, R=3, S=3, padding=1)
     assert h.supports(p) is None and "hopper_only" in h.supports(p, cc=(12, 0))
+
+
+# ---- kernel files: a day's .cu includes headers, never another day's .cu -------------------------
+
+KERNEL_DIR = ROOT / "kernels" / "conv2d"
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def included_kernel_files(text: str) -> list[str]:
+    """The ``.cu`` files a kernel source includes by name (a kernel two days use lives in a
+    header, or each launch is built from its own file: `KernelLaunch.cu_file`)."""
+    return [f for f in INCLUDE.findall(text) if f.endswith(".cu")]
+
+
+def test_no_kernel_file_includes_another_days_kernel_file():
+    found = {p.name: included_kernel_files(p.read_text()) for p in sorted(KERNEL_DIR.glob("*.cu*"))}
+    assert found and not {k: v for k, v in found.items() if v}
+
+
+def test_the_include_check_catches_a_planted_cu_include():
+    assert included_kernel_files('#include "conv2d_common.cuh"\n#include "16_igemm_wgmma.cu"  // all of it\n') == [
+        "16_igemm_wgmma.cu"]
+    assert included_kernel_files("#include <cuda_fp16.h>\n// #include is not a .cu\n") == []
+
+
+def test_a_launch_names_its_own_kernel_file_or_takes_the_variants():
+    v = get("naive")
+    k = KernelLaunch("main", "e", LaunchConfig((1, 1, 1), (32, 1, 1)), ())
+    assert k.cu_file is None and k.source(v) == v.cu_file == "01_naive.cu"
+    assert dataclasses.replace(k, cu_file="02_z_out.cu").source(v) == "02_z_out.cu"
 
 
 # ---- bind: named buffers become pointers ---------------------------------------------------------
@@ -538,7 +571,7 @@ def test_an_installed_copy_imports_every_day(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     kernel_dir, days, days_file = r.stdout.splitlines()
     assert str(env_dir) in kernel_dir and str(env_dir) in days_file and sys.prefix not in days_file
-    assert days == str([d for d in range(1, 17) if d != 15])
+    assert days == str([d for d in range(1, 20) if d not in (15, 17)])  # day 15 tunes, day 17 runs day 16's variant
 
 
 def test_the_repository_points_at_nothing_outside_itself():

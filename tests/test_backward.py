@@ -618,3 +618,27 @@ def test_double_backward_is_refused_not_silently_wrong(monkeypatch):
     torch.nn.functional.conv2d(x64, w64, padding=1).square().sum().backward()
     for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
         assert float((got.double() - want).norm() / want.norm()) < 1e-2
+
+
+def test_kernels_in_order_of_preference_pick_the_first_that_runs():
+    """`Kernels.pick`: the first variant that builds for the GPU and supports the layer; the ones
+    before it give their reasons; none that runs raises with every reason."""
+    from days.day19_wgrad_wgmma import HOPPER_KERNELS
+
+    p = Conv2dProblem(N=2, C=64, H=14, W=14, K=64, R=3, S=3, padding=1, dtype="fp16", layout="NHWC", op="dgrad")
+    h100 = 227 * 1024  # an H100's opt-in shared memory per block
+    hopper = HOPPER_KERNELS.pick(p, (9, 0), h100)
+    assert hopper.variant.name == "dgrad_wgmma" and hopper.refused == ()
+    small = HOPPER_KERNELS.pick(p, (9, 0))  # 48 KB: day 16's ring does not fit
+    assert small.variant.name == "dgrad" and "shared memory" in small.refused[0][1]
+    ampere = HOPPER_KERNELS.pick(p, (8, 0), h100)
+    assert ampere.variant.name == "dgrad" and [n for n, _ in ampere.refused] == ["dgrad_wgmma"]
+    assert "compute capability 9.0" in ampere.refused[0][1] and str(ampere).startswith("dgrad; not dgrad_wgmma: ")
+    odd_k = replace(p, K=60, name="")  # dgrad_wgmma reads dy's pixels in 16-byte strides: K % 8 == 0
+    fallback = HOPPER_KERNELS.pick(odd_k, (9, 0), h100)
+    assert fallback.variant.name == "dgrad" and "K = 60" in fallback.refused[0][1]
+    for op, first in (("fprop", "igemm_wgmma"), ("wgrad", "wgrad_wgmma")):
+        assert HOPPER_KERNELS.pick(replace(p, op=op, name=""), (9, 0), h100).variant.name == first
+    assert d14.train.Kernels().pick(p, (9, 0), h100).variant.name == "dgrad"  # day 14's own by default
+    with pytest.raises(ValueError, match="no kernel runs .*dgrad_wgmma: .*compute capability"):
+        d14.train.Kernels(dgrad=("dgrad_wgmma",)).pick(p, (8, 6), h100)

@@ -255,8 +255,9 @@ def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 
     assert parse_args([]).op == "fprop"
-    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad"]
-    assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == ["wgrad", "wgrad_serial"]
+    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad", "dgrad_wgmma"]
+    assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == [
+        "wgrad", "wgrad_serial", "wgrad_wgmma"]
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))
     with pytest.raises(SystemExit):
         parse_args(["--op", "backward"])
@@ -338,3 +339,26 @@ def test_notebooks_record_run_time_and_peak_memory(tmp_path: Path):
     assert list(df.notebook) == ["day_97_tiny"] and df.day[0] == 97 and df.seconds[0] > 0
     assert df.peak_gpu_mib[0] >= 0 and bool(df.quick[0])
     assert nbrun.peak_memory({"used": 3 * 2**30, "reserved": 2**30, "peak_reserved": 5 * 2**30}) == 7 * 2**30
+
+
+def test_train_step_help_and_no_gpu_message():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--help"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "--batch" in r.stdout and "--steps" in r.stdout, r.stderr
+    if gpu.has_gpu():
+        return
+    r = subprocess.run([sys.executable, "-m", "benchmarks.train_step"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_step_kernel_sets_by_gpu():
+    """Day 14's kernels everywhere; Hopper's too on compute capability 9.0 only (sm_90a code)."""
+    from benchmarks.train_step import kernel_sets
+    from days.day19_wgrad_wgmma import HOPPER_KERNELS
+
+    assert list(kernel_sets((8, 0))) == ["days 13-14"]
+    assert list(kernel_sets((9, 0))) == ["days 13-14", "days 16-19 (Hopper)"]
+    assert kernel_sets((9, 0))["days 16-19 (Hopper)"] == HOPPER_KERNELS
+    assert list(kernel_sets((12, 0))) == ["days 13-14"]

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import compile as hc
 from helpers.suites import SUITES, suite
-from helpers.variants import all_variants
+from helpers.variants import all_variants, get
 
 KERNEL_FILES = sorted(p.name for p in hc.KERNEL_DIR.glob("*.cu"))
 SPILL_CHECK_CC = (9, 0)
@@ -31,12 +31,13 @@ def _cc(arch: str) -> tuple[int, int]:
 
 
 def builds(cu_file: str, arch: str) -> tuple[list[tuple[str, tuple]], list[str]]:
-    """What the registered variants of ``cu_file`` build for a GPU of ``arch``'s compute capability:
+    """What the registered variants build from ``cu_file`` (their own file, or one a launch of
+    theirs names: `variant_files`) for a GPU of ``arch``'s compute capability:
     ([(-arch target, -D defines)], [reasons of the variants that do not build there])."""
     cc = _cc(arch)
     todo, why_not = set(), []
     for v in all_variants():
-        if v.cu_file != cu_file:
+        if cu_file not in variant_files(v):
             continue
         reason = v.build_reason(cc)
         if reason:
@@ -106,42 +107,70 @@ def test_compiles(cu_file: str, arch: str, prewarmed):
         assert all(r.arch == target for r in reports), (target, {r.arch for r in reports})
 
 
-def variant_entries(variant) -> set[str]:
-    """Entry points ``variant`` launches: the entries of every launch of every problem of the named
-    suites it supports, in its layout and in each of its dtypes (`Variant.adapt`)."""
-    entries = set()
-    for name in SUITES:
-        for p in suite(name):
-            for dtype in variant.dtypes:
-                q = variant.adapt(replace(p, dtype=dtype, name=""))
-                if variant.supports(q, smem_limit=2**31) is None:
-                    entries |= {k.entry for k in variant.launches(q)}
-    return entries
+_entries: dict[str, dict[str, set[str]]] = {}
+
+
+def variant_entries(variant) -> dict[str, set[str]]:
+    """Entry points ``variant`` launches, by the kernel file each is built from
+    (`KernelLaunch.source`): the entries of every launch of every problem of the named suites it
+    supports, in its operation and layout and in each of its dtypes (`Variant.adapt`). Asked once
+    per registered name."""
+    if variant.name not in _entries:
+        entries: dict[str, set[str]] = {}
+        for name in SUITES:
+            for p in suite(name):
+                for dtype in variant.dtypes:
+                    q = variant.adapt(replace(p, dtype=dtype, name=""), op=True)
+                    if variant.supports(q, smem_limit=2**31) is None:
+                        for k in variant.launches(q):
+                            entries.setdefault(k.source(variant), set()).add(k.entry)
+        _entries[variant.name] = entries
+    return _entries[variant.name]
+
+
+def variant_files(variant) -> set[str]:
+    """The kernel files ``variant`` builds: its ``cu_file`` and any a launch of it names."""
+    return {variant.cu_file} | set(variant_entries(variant))
 
 
 def test_variant_entries_see_every_load_path():
-    """The NHWC and fp16/bf16 variants are reached through `Variant.adapt`: more than one entry."""
-    names = {v.name: variant_entries(v) for v in all_variants()}
+    """The NHWC and fp16/bf16 variants are reached through `Variant.adapt`: more than one entry;
+    the backward variants through their operation."""
+    names = {v.name: set().union(*variant_entries(v).values()) for v in all_variants()}
     assert {"im2col_nhwc", "sgemm_nt_128x64", "sgemm_nt_128x128"} <= names["im2col"]
     assert len(names["igemm_simt"]) >= 4 and len(names["igemm_wmma"]) == len(names["igemm_mma"]) == 4
+    assert names["dgrad"] and names["wgrad"] and "dgrad_rotate_filter" in names["dgrad_wgmma"]
+
+
+def test_variant_files_are_the_variants_own_but_where_a_launch_names_another():
+    """Every variant builds its own file alone, but day 18, whose fprop launch is built from day 16's."""
+    files = {v.name: variant_files(v) for v in all_variants()}
+    assert {n: f for n, f in files.items() if len(f) > 1} == {"dgrad_wgmma": {"18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"}}
+    day18 = variant_entries(get("dgrad_wgmma"))
+    assert day18["18_dgrad_wgmma.cu"] == {"dgrad_rotate_filter", "dgrad_scatter_strided"}  # strided layers
+    assert day18["16_igemm_wgmma.cu"] and all(e.startswith("igemm_wgmma_") for e in day18["16_igemm_wgmma.cu"])
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("variant", all_variants(), ids=lambda v: v.name)
 def test_variant_entries_have_no_spills(variant):
-    """The entries a variant launches exist; no entry of its build spills or uses a stack."""
+    """The entries a variant launches exist in the file each launch is built from; no entry of
+    those builds spills or uses a stack."""
     reason = variant.build_reason(SPILL_CHECK_CC)
     if reason:
         pytest.skip(reason)
     defines = tuple(sorted(variant.defines.items()))
-    reports, log = compile_once(variant.cu_file, variant.target(SPILL_CHECK_CC), defines)
-    by_entry = {r.entry: r for r in reports}
-    missing = variant_entries(variant) - set(by_entry)
-    assert not missing, f"{variant.name}: entries {sorted(missing)} not in the ptxas report {sorted(by_entry)}:\n{log}"
-    for r in reports:
-        assert r.registers > 0, r
-        assert (r.spill_stores, r.spill_loads) == (0, 0), f"{variant.name}: {r.entry} spills on {r.arch}: {r}"
-        assert r.stack_bytes == 0, f"{variant.name}: {r.entry} has a {r.stack_bytes}-byte stack frame on {r.arch}"
+    entries = variant_entries(variant)
+    for cu_file in sorted(variant_files(variant)):
+        reports, log = compile_once(cu_file, variant.target(SPILL_CHECK_CC), defines)
+        by_entry = {r.entry: r for r in reports}
+        missing = entries.get(cu_file, set()) - set(by_entry)
+        assert not missing, (f"{variant.name}: entries {sorted(missing)} not in {cu_file}'s ptxas report "
+                             f"{sorted(by_entry)}:\n{log}")
+        for r in reports:
+            assert r.registers > 0, r
+            assert (r.spill_stores, r.spill_loads) == (0, 0), f"{variant.name}: {r.entry} spills on {r.arch}: {r}"
+            assert r.stack_bytes == 0, f"{variant.name}: {r.entry} has a {r.stack_bytes}-byte stack frame on {r.arch}"
 
 
 # ---- parse_ptxas ----------------------------------------------------------------------------
@@ -243,3 +272,32 @@ def test_an_edit_to_an_included_file_changes_every_cache_key(top, included, tmp_
     assert all(a != b for a, b in zip(before, edited)), "a cache kept its key after an included file changed"
     path.write_text(original)
     assert keys() == before
+
+
+@pytest.mark.parametrize("edited", ["18_dgrad_wgmma.cu", "16_igemm_wgmma.cu", "hopper.cuh", "conv2d_common.cuh"])
+def test_an_edit_to_any_file_a_plan_builds_from_changes_its_key(edited, tmp_path, monkeypatch):
+    """Day 18's plan builds from two files (its rotate kernel's, day 16's for the fprop launch):
+    the key its kernels are kept under (`helpers.launch.sources_key`) follows an edit to either,
+    and to a header either includes; undoing the edit finds the old key."""
+    from helpers.launch import sources_key
+    from helpers.problem import Conv2dProblem
+
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for f in hc.KERNEL_DIR.iterdir():
+        (kdir / f.name).write_text(f.read_text())
+    monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
+    v = get("dgrad_wgmma")
+    plan = v.plan(Conv2dProblem(N=2, C=24, H=9, W=10, K=16, R=3, S=3, padding=1, op="dgrad", dtype="fp16",
+                                layout="NHWC"))
+    assert plan.sources == ("18_dgrad_wgmma.cu", "16_igemm_wgmma.cu")
+    before = sources_key(plan)
+    path = kdir / edited
+    original = path.read_text()
+    path.write_text(original + "\n// an edit\n")
+    edited_key = sources_key(plan)
+    changed = [a != b for a, b in zip(before, edited_key)]
+    reaches = [f == edited or f'#include "{edited}"' in (kdir / f).read_text() for f in plan.sources]
+    assert any(changed) and changed == reaches, (edited, changed, reaches)
+    path.write_text(original)
+    assert sources_key(plan) == before

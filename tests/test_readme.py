@@ -165,7 +165,9 @@ def test_overview_takes_each_days_fastest_variant_of_one_run(tmp_path: Path):
     out = rt.overview_section(tmp_path)
     assert "| 02 | one block z per output channel | `z_out` | 4.00 (2 of 3 layers) | — |" in out  # geomean(2, 8)
     assert "| 01 | one thread per output pixel | `naive` | 0.50 (2 of 3 layers) | — |" in out
-    assert "| 16 | Hopper: wgmma and TMA | — | — | — |" in out
+    assert "| 16 | Hopper: TMA, wgmma, mbarriers | — | — | — |" in out
+    assert "| 17 | Hopper: warp specialisation, the rule | — | — | — |" in out
+    assert "| 18 | dgrad on Hopper | — | — | — |" in out  # a dgrad: not in the forward suites
     assert "NVIDIA H200" in out and "(benchmarks/results/overview.png)" in out
     assert rt.draw_overview(tmp_path / "o.png", tmp_path).stat().st_size > 10_000
 
@@ -186,13 +188,15 @@ def test_curriculum_shows_the_gpu_and_the_measured_notebook_costs(tmp_path: Path
     assert "| sm_75+ | 1.5 | 0.7 GiB | yes |" in rows["| 01"]
     assert "| sm_75+ | 2.5 | 12.0 GiB | no |" in rows["| 08"]
     assert "| sm_90a only | — | — | — |" in rows["| 16"] and "| sm_80+ |" in rows["| 13"]
+    assert "| sm_90a only | — | — | — |" in rows["| 17"]  # day 16's kernel, no variant of its own
+    assert "| sm_90a only | — | — | — |" in rows["| 18"]  # dgrad_wgmma: sm_90a, not yet measured
     assert "NVIDIA H100" in table.splitlines()[-1]
 
 
 def test_curriculum_lists_registered_or_planned_variants(tmp_path: Path):
     table = rt.curriculum_table(tmp_path, registered={1: ["naive"], 4: ["a", "b"]}, results_dir=tmp_path)
     lines = table.split("\n\n")[0].splitlines()
-    assert len(lines) == 2 + 17 and lines[2].startswith("| 00 | planned |")
+    assert len(lines) == 2 + 19 and lines[2].startswith("| 00 | planned |")
     assert lines[3].endswith("| `naive` |") and lines[6].endswith("| `a`, `b` |")
     assert lines[4].endswith("| *z_out* |")
 

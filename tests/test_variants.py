@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import compile as hc
 from helpers import gpu
 from helpers.launch import check_tensors, prepare, run
 from helpers.problem import Conv2dProblem
@@ -341,7 +342,6 @@ def fake_map(desc, address: int) -> MapBytes:
 def stand_in_gpu(monkeypatch):
     """CPU tensors pass the device check, the device is an H200 (sm_90) on the default stream, and
     `load_kernel` returns a recorder for each entry: `prepare` runs every other step for real."""
-    from helpers import compile as hc
     from helpers import launch as hl
 
     real_check = hl.check_tensors
@@ -386,7 +386,8 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     plan, y = prepare(v, p, x, w)
     launches = v.launches(p)
     assert [b[1] for b in built] == [k.entry for k in launches]
-    assert all(b[0] == v.cu_file and b[2] == v.defines and b[4] == v.target((9, 0)) for b in built)
+    assert [b[0] for b in built] == [k.source(v) for k in launches]  # the variant's file, or the launch's own
+    assert all(b[2] == v.defines and b[4] == v.target((9, 0)) for b in built)
     assert tuple(y.shape) == p.tensor_shape(p.output) and y.dtype == p.torch_dtype
     assert list(plan.kernels) == [k.name for k in launches]
     ws = plan.workspace
@@ -395,7 +396,7 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
             "workspace": ws.data_ptr() if ws is not None else None}
     assert [c[0] for c in calls] == [k.entry for k in launches]
-    tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y}
+    tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y, "workspace": ws}  # day 18 maps its workspace
     for (entry, args, grid, block, shared), k in zip(calls, launches):
         assert (grid, block, shared) == (k.config.grid, k.config.block, k.config.shared_bytes)
         if any(isinstance(a, TensorMap) for a in k.args):  # laid out by kernel_args: drop its padding
@@ -410,6 +411,27 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
                 assert type(got) is np.uintp and int(got) == ptrs[want.name] + want.offset, (entry, want)
             else:
                 assert type(got) is type(want) and got == want, (entry, got, want)
+
+
+# The variants one of whose launches is built from another file than the variant's (`KernelLaunch.cu_file`).
+OWN_FILE_LAUNCHES = {"dgrad_wgmma": {"fprop": "16_igemm_wgmma.cu"}}  # day 18 runs day 16's kernel from its file
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_launches_build_from_the_variants_file_unless_they_name_their_own(v, stand_in_gpu):
+    """Every launch of the series but day 18's fprop names no file (`KernelLaunch.cu_file` None):
+    `compile_launches` builds it from the variant's ``cu_file``, as before launches could name
+    one; a launch that names one is built from that file, which exists."""
+    _, built = stand_in_gpu
+    p = supported_square(v)
+    launches = v.launches(p)
+    named = {k.name: k.cu_file for k in launches if k.cu_file is not None}
+    assert named == OWN_FILE_LAUNCHES.get(v.name, {})
+    prepare(v, p, *p.make_inputs())
+    want = [named.get(k.name, v.cu_file) for k in launches]
+    assert [b[0] for b in built] == want and [k.source(v) for k in launches] == want
+    assert v.plan(p).sources == tuple(dict.fromkeys(want))
+    assert all(hc.kernel_path(f).is_file() for f in want)
 
 
 def test_prepare_refuses_aliasing_outputs(stand_in_gpu):

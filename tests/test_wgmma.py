@@ -8,7 +8,9 @@ coverage model and its launch arguments (tests/gpu/test_wgmma_gpu.py runs the ke
 * the copy engine's limits and the kernel's own are refused with a reason, before any launch;
 * `helpers.tma.kernel_args` pads to the driver's parameter offsets, and `bind` encodes maps.
 * the compiled kernel: no generic loads or stores in its PTX, and setmaxnreg's moves within the
-  registers each block is launched with (both with a planted fault).
+  registers each block is launched with (both with a planted fault);
+* the ring replayed (`replay_ring`): no hazard in any schedule, each planted mistake caught; the
+  spans the notebooks draw, and the schematic of the persistent and ping-pong schedules.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from days.day16_igemm_wgmma import (
     MODES,
     MULTI_TILE_PROBLEMS,
     PERSISTENT_MODES,
+    RING_BUGS,
+    RingHazard,
     capped,
     choose,
     grid_blocks,
@@ -39,7 +43,10 @@ from days.day16_igemm_wgmma import (
     make_wgmma,
     moved_registers,
     pair_tiles,
+    replay_ring,
+    ring_spans,
     ring_steps,
+    schedule_timeline,
     setmaxnreg_targets,
     tensor_check,
     tile_coords,
@@ -75,6 +82,11 @@ def test_entries_are_the_ladder():
         assert c.threads == (128 if c.mode == "one_wg" else 128 * (1 + c.consumers))
         assert c.shared_bytes <= 227 * 1024, c
         assert c.bm % 64 == 0 and c.bn in (64, 128, 256), c
+
+
+def test_m_tiles_are_the_entry_lines_mt():
+    lines = re.findall(r"^WGMMA_ENTRY\(\w+, (\w+), (\d+), (\d+), (\d+), ", hc.kernel_path(CU_FILE).read_text(), re.M)
+    assert [(c.mode, c.bm, c.bn, c.m_tiles) for c in ENTRIES] == [(m, int(a), int(b), int(mt)) for m, a, b, mt in lines]
 
 
 def test_build_target_is_sm90a_only():
@@ -536,7 +548,7 @@ def test_parameter_offsets_are_asked_of_the_driver_once(monkeypatch):
     assert asked == ["e"]
 
 
-# ---- the address space of every load and store (the epilogue's 1.7x on one-step layers, day 16 section 11) ----
+# ---- the address space of every load and store (the epilogue's 1.7x on one-step layers, day 17 appendix A.5) ----
 
 PTX_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld|st)((?:\.[\w:]+)+)\s", re.M)
 STATE_SPACES = {"shared", "global", "param", "local", "const"}
@@ -620,3 +632,60 @@ def test_supports_reads_the_device_through_torch_not_pycuda(monkeypatch):
     assert V.supports(p, smem_limit=2**31) is None
     cfg = choose(p)
     assert cfg.mode == "persistent" and V.launch(p).grid[0] == min(tile_count(p, cfg), 100)
+
+
+# ---- the ring replayed (`replay_ring`) -------------------------------------------------------------
+
+RING_TILES = {"one_wg": 1, "specialised": 1, "persistent": 3, "pingpong": 5}
+
+
+@pytest.mark.parametrize("mode", list(RING_TILES))
+def test_the_kernels_ring_has_no_hazard_in_any_interleaving(mode):
+    for cfg in (c for c in ENTRIES if c.mode == mode):
+        for steps in (1, 2, 3, 5, 9):
+            for seed in range(8):
+                for slow in (1.0, 0.1):
+                    assert replay_ring(mode, cfg.stages, steps, RING_TILES[mode], cfg.consumers, cfg.bm, cfg.bn,
+                                       seed=seed, slow_copies=slow) > 0
+
+
+@pytest.mark.parametrize("bug", list(RING_BUGS))
+def test_every_planted_mistake_is_caught_in_some_interleaving(bug):
+    mode, steps, tiles = ("pingpong", 3, 5) if bug == "no order wait" else ("persistent", 6, 3)
+    caught = 0
+    for seed in range(60):
+        try:
+            replay_ring(mode, 4, steps, tiles, seed=seed, bug=bug, slow_copies=(1.0, 0.1)[seed % 2])
+        except RingHazard:
+            caught += 1
+    assert caught, bug
+    with pytest.raises(ValueError, match="bug must be one of"):
+        replay_ring(mode, 4, steps, tiles, bug="no such mistake")
+
+
+def test_one_warpgroup_releases_a_slot_only_after_its_wgmma_retired():
+    trace = []
+    replay_ring("one_wg", 4, 9, seed=2, trace=trace)
+    spans = ring_spans(trace)
+    assert sorted(u for _, u in spans) == list(range(9)) and all(s == u % 4 for s, u in spans)
+    for (s, u), d in spans.items():
+        assert d["copy in flight"][1] <= d["landed, waiting"][1] <= d["read by wgmma"][0]
+        if (s, u + 4) in spans:  # the refill of the slot is issued after this use's wgmma retired
+            assert spans[(s, u + 4)]["copy in flight"][0] > d["read by wgmma"][1]
+
+
+def test_pingpong_hides_the_epilogue_only_with_several_tiles_per_block():
+    """The schematic: persistent pays mainloop + epilogue / 2 per tile; ping-pong overlaps one
+    consumer's epilogue with the other's main loop (mainloop per tile while mainloop >= epilogue),
+    but with one tile a consumer stores its whole tile alone."""
+    def end(mode, tiles):
+        return max(e for *_, e in schedule_timeline(mode, tiles, 4.0, 2.0))
+
+    assert end("persistent", 1) == 5.0 and end("pingpong", 1) == 6.0
+    assert end("persistent", 8) == 40.0 and end("pingpong", 8) == 34.0
+    for mode in ("persistent", "pingpong"):
+        mains = sorted((a, b) for _, kind, _, a, b in schedule_timeline(mode, 6, 4.0, 2.0) if kind == "main loop")
+        assert all(b0 <= a1 for (_, b0), (a1, _) in zip(mains[::2 if mode == "persistent" else 1],
+                                                        mains[2::2] if mode == "persistent" else mains[1:]))
+    with pytest.raises(ValueError):
+        schedule_timeline("one_wg", 2, 4.0, 2.0)

@@ -22,17 +22,70 @@ from torch.autograd.function import once_differentiable
 from helpers import gpu
 from helpers.launch import prepare
 from helpers.problem import Conv2dProblem
+from helpers.variants import Variant, get
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
+class Pick:
+    """The variant one call runs (`Kernels.pick`) and why each one preferred to it did not run."""
+
+    variant: Variant
+    refused: tuple[tuple[str, str], ...] = ()  # (name, reason), in order of preference
+
+    def __str__(self) -> str:
+        why = "".join(f"; not {name}: {reason}" for name, reason in self.refused)
+        return self.variant.name + why
+
+
+@dataclass(frozen=True)
 class Kernels:
-    """The variants `conv2d` runs for each operation (registered names, or `helpers.variants.Variant`s)."""
+    """The variants `conv2d` runs for each operation: a registered name or a
+    `helpers.variants.Variant`, or a tuple of them in order of preference, of which the first that
+    runs on the GPU and supports the layer runs (`pick`). The default is day 14's kernels; a later
+    day names its own first and day 14's after them (day 19's ``HOPPER_KERNELS``)."""
 
     fprop: object = "igemm_production"
     dgrad: object = "dgrad"
     wgrad: object = "wgrad"
+
+    def choices(self, op: str) -> list[Variant]:
+        """The variants for ``op`` ("fprop", "dgrad" or "wgrad"), in order of preference."""
+        named = getattr(self, op)
+        return [get(c) if isinstance(c, str) else c for c in (named if isinstance(named, tuple) else (named,))]
+
+    def pick(self, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int | None = None) -> Pick:
+        """The first variant for ``p.op`` that builds for compute capability ``cc`` and supports
+        ``p`` within ``smem_limit`` bytes of shared memory per block (None: the 48 KB every GPU
+        allows; `helpers.variants.Variant.supports`), with the reasons of those before it.
+
+        Raises:
+            ValueError: none of them runs ``p`` (every reason listed).
+        """
+        refused = []
+        for v in self.choices(p.op):
+            why = v.supports(p, smem_limit=smem_limit, cc=cc)
+            if why is None:
+                return Pick(v, tuple(refused))
+            refused.append((v.name, why))
+        raise ValueError(f"no kernel runs {p.name}: " + "; ".join(f"{n}: {w}" for n, w in refused))
+
+
+# The kernel each layer's operation ran last, and why the ones preferred to it did not: (op,
+# problem name) -> Pick, written by every call (`paths`).
+_PATHS: dict[tuple[str, str], Pick] = {}
+
+
+def paths() -> dict[tuple[str, str], Pick]:
+    """(operation, problem name) -> the `Pick` of its last call: which kernel ran and why the
+    preferred ones did not (a copy)."""
+    return dict(_PATHS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pick(kernels: Kernels, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int) -> Pick:
+    return kernels.pick(p, cc, smem_limit)
 
 
 def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: str) -> Conv2dProblem:
@@ -54,12 +107,19 @@ def _problem_of(x_shape, w_shape, stride, padding, dilation, dtype: str, op: str
                          dtype=dtype, layout="NHWC", op=op)
 
 
-def _launch(variant, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One run of ``variant`` on the logical tensors a, b; the output as a logical channels_last view.
-    No synchronisation: the kernels queue on the default stream behind and before torch's ops.
-    The plan is cached: from the second call of a layer on, only the tensors are checked."""
+def _launch(kernels: Kernels, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One run of the variant ``kernels`` picks for ``p`` on this GPU (`Kernels.pick`, recorded for
+    `paths`) on the logical tensors a, b; the output as a logical channels_last view. No
+    synchronisation: the kernels queue on the default stream behind and before torch's ops. The
+    pick and the plan are cached: from the second call of a layer on, only the tensors are checked."""
     with gpu.thread_context():  # autograd calls backward on a thread of its own
-        plan, out = prepare(variant, p, p.from_logical(a), p.from_logical(b), cache=True)
+        if a.is_cuda:
+            info = gpu.device_info()
+            pick = _pick(kernels, p, tuple(info.cc), info.smem_per_block_optin)
+        else:  # not on the GPU: prepare says what is wrong with the tensors
+            pick = Pick(kernels.choices(p.op)[0])
+        _PATHS[(p.op, p.name)] = pick
+        plan, out = prepare(pick.variant, p, p.from_logical(a), p.from_logical(b), cache=True)
         plan()
     return p.to_logical(out)
 
@@ -83,7 +143,7 @@ class Conv2dFunction(torch.autograd.Function):
         p = _problem(x, w, stride, padding, dilation, "fprop")
         ctx.save_for_backward(x, w)
         ctx.conv = (stride, padding, dilation, kernels)
-        return _launch(kernels.fprop, p, x, w)
+        return _launch(kernels, p, x, w)
 
     @staticmethod
     @once_differentiable
@@ -92,9 +152,9 @@ class Conv2dFunction(torch.autograd.Function):
         stride, padding, dilation, kernels = ctx.conv
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dx = _launch(kernels.dgrad, _problem(x, w, stride, padding, dilation, "dgrad"), dy, w)
+            dx = _launch(kernels, _problem(x, w, stride, padding, dilation, "dgrad"), dy, w)
         if ctx.needs_input_grad[1]:
-            dw = _launch(kernels.wgrad, _problem(x, w, stride, padding, dilation, "wgrad"), x, dy)
+            dw = _launch(kernels, _problem(x, w, stride, padding, dilation, "wgrad"), x, dy)
         return dx, dw, None, None, None, None
 
 
@@ -113,9 +173,9 @@ class _OnKernels(nn.Module):
     """A module whose convolutions run on this series' kernels (``ours``, with ``self.kernels``, a
     `Kernels`) or on ``torch.nn.functional.conv2d`` (cuDNN)."""
 
-    def __init__(self, ours: bool):
+    def __init__(self, ours: bool, kernels: Kernels = Kernels()):
         super().__init__()
-        self.ours, self.kernels = ours, Kernels()
+        self.ours, self.kernels = ours, kernels
 
     def conv(self, x, w, stride=1, padding=0):
         if self.ours:
@@ -128,8 +188,8 @@ class Stem(_OnKernels):
     front of the first bottleneck block, so that block's input needs a gradient and its strided
     1x1 convolutions run dgrad (the network's input itself needs none)."""
 
-    def __init__(self, c_img: int, c: int, ours: bool = True):
-        super().__init__(ours)
+    def __init__(self, c_img: int, c: int, ours: bool = True, kernels: Kernels = Kernels()):
+        super().__init__(ours, kernels)
         self.w, self.bn = _filter(c, c_img, 3), nn.BatchNorm2d(c)
 
     def forward(self, x):
@@ -144,8 +204,8 @@ class Bottleneck(_OnKernels):
     this series' kernels or torch's (see `_OnKernels`).
     """
 
-    def __init__(self, c_in: int, mid: int, stride: int = 1, ours: bool = True):
-        super().__init__(ours)
+    def __init__(self, c_in: int, mid: int, stride: int = 1, ours: bool = True, kernels: Kernels = Kernels()):
+        super().__init__(ours, kernels)
         out = 4 * mid
         self.w1, self.w2, self.w3 = _filter(mid, c_in, 1), _filter(mid, mid, 3), _filter(out, mid, 1)
         self.bn1, self.bn2, self.bn3 = nn.BatchNorm2d(mid), nn.BatchNorm2d(mid), nn.BatchNorm2d(out)
@@ -162,16 +222,17 @@ class Bottleneck(_OnKernels):
 
 
 def make_pair(c_img: int, c_in: int, mid: int, stride: int, dtype=torch.float16,
-              seed: int = 0) -> tuple[nn.Module, nn.Module]:
-    """Two identical networks in channels_last ``dtype`` on the GPU, one on this series' kernels and
-    one on torch's: a `Stem` (C_img -> C_in), two bottleneck blocks (the first with ``stride``,
-    C_in -> 4 mid), a global average pool and a linear classifier of 10 classes.
-    Input: (N, C_img, H, W), C_img a multiple of 8 (wgrad's and fprop's alignment)."""
+              seed: int = 0, kernels: Kernels = Kernels()) -> tuple[nn.Module, nn.Module]:
+    """Two identical networks in channels_last ``dtype`` on the GPU, one on this series' kernels
+    (``kernels``: day 14's by default) and one on torch's: a `Stem` (C_img -> C_in), two bottleneck
+    blocks (the first with ``stride``, C_in -> 4 mid), a global average pool and a linear
+    classifier of 10 classes. Input: (N, C_img, H, W), C_img a multiple of 8 (wgrad's and fprop's
+    alignment)."""
     nets = []
     for ours in (True, False):
         torch.manual_seed(seed)
-        net = nn.Sequential(Stem(c_img, c_in, ours), Bottleneck(c_in, mid, stride, ours),
-                            Bottleneck(4 * mid, mid, 1, ours), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        net = nn.Sequential(Stem(c_img, c_in, ours, kernels), Bottleneck(c_in, mid, stride, ours, kernels),
+                            Bottleneck(4 * mid, mid, 1, ours, kernels), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                             nn.Linear(4 * mid, 10))
         nets.append(net.to(device="cuda", dtype=dtype, memory_format=torch.channels_last))
     return nets[0], nets[1]

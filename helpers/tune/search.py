@@ -132,7 +132,7 @@ class Search:
     def jobs(self, exhaustive: bool = False) -> list[tuple[str, dict]]:
         """The (kernel file, defines) builds the search needs: the survivors', or every candidate's."""
         cs = self.candidates if exhaustive else self.survivors
-        return [(c.variant.cu_file, k.build_defines(c.variant)) for c in cs for k in self.plan(c).launches]
+        return [(k.source(c.variant), k.build_defines(c.variant)) for c in cs for k in self.plan(c).launches]
 
 
 def enumerate_search(space: Space, p: Conv2dProblem, keep: int = KEEP) -> Search:

@@ -22,28 +22,14 @@ from helpers.check import check
 from helpers.launch import prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.reference import bitwise_equal, compare
+from helpers.suites import BACKWARD_EDGES
 from helpers.variants import get
 
 pytestmark = pytest.mark.gpu
 
 NHWC = dict(dtype="fp16", layout="NHWC")
-# The edge cases, each as a dgrad and a wgrad problem (fp16 NHWC; C, K multiples of 8 so
-# that wgrad claims them too).
-EDGES = {
-    "stride 3 > 1x1 filter (dx rows no tap reaches)": dict(N=2, C=16, H=10, W=9, K=24, R=1, S=1, stride=3),
-    "stride 3 > 2x2 filter": dict(N=2, C=8, H=11, W=13, K=16, R=2, S=2, stride=3, padding=1),
-    "odd H, W with stride 2": dict(N=3, C=16, H=13, W=11, K=8, R=3, S=3, stride=2, padding=1),
-    "even H, W with stride 2": dict(N=2, C=24, H=14, W=12, K=16, R=3, S=3, stride=2, padding=1),
-    "padding >= R/2": dict(N=1, C=16, H=9, W=10, K=16, R=3, S=3, padding=2),
-    "padding past the dilated filter": dict(N=1, C=8, H=7, W=6, K=8, R=3, S=2, padding=(3, 2)),
-    "dilation (1, 2)": dict(N=2, C=16, H=12, W=15, K=8, R=3, S=3, padding=(1, 2), dilation=(1, 2)),
-    "dilation (2, 1), stride (2, 1)": dict(N=2, C=8, H=15, W=12, K=24, R=3, S=2, stride=(2, 1), padding=1,
-                                          dilation=(2, 1)),
-    "C, K past the tiles": dict(N=2, C=136, H=9, W=9, K=200, R=3, S=3, padding=1),
-    "7x7 stride 2 (the stem)": dict(N=2, C=8, H=32, W=30, K=64, R=7, S=7, stride=2, padding=3),
-    "strided 1x1, ResNet-style": dict(N=4, C=64, H=28, W=28, K=128, R=1, S=1, stride=2),
-    "even filter 4x2, stride (1, 2)": dict(N=2, C=8, H=10, W=11, K=8, R=4, S=2, stride=(1, 2), padding=(1, 0)),
-}
+# The backward edge cases (helpers.suites.BACKWARD_EDGES), each as a dgrad and a wgrad problem (fp16 NHWC).
+EDGES = BACKWARD_EDGES
 BACKWARD = ["dgrad", "wgrad", "wgrad_serial"]
 
 
