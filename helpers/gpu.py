@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import subprocess
 from dataclasses import asdict, dataclass
@@ -133,7 +134,10 @@ class DeviceInfo:
     smem_per_block: int  # bytes available without opt-in (48 KB)
     smem_per_block_optin: int  # bytes a kernel may opt into with MAX_DYNAMIC_SHARED_SIZE_BYTES
     smem_per_sm: int
+    smem_reserved_per_block: int | None  # bytes the driver keeps of each block's shared memory (1 KB on sm_80+)
     regs_per_sm: int
+    threads_per_sm: int  # resident threads per SM (2,048 on sm_80 and sm_90, 1,536 on sm_86/89, 1,024 on sm_75)
+    blocks_per_sm: int | None  # resident blocks per SM (16 to 32 by architecture)
     l2_bytes: int
     total_mem_bytes: int
     clock_mhz: float | None
@@ -171,6 +175,8 @@ def device_info(device: int | None = None) -> DeviceInfo:
     def attr(name: str):
         try:
             return d.get_attribute(getattr(a, name))
+        except AttributeError:  # a pycuda without this name: ask the driver by its number
+            return _driver_attribute(_ATTRIBUTE_NUMBERS.get(name), _device)
         except Exception:  # noqa: BLE001 - CUDA 13 dropped a few attributes; report None
             return None
 
@@ -188,7 +194,10 @@ def device_info(device: int | None = None) -> DeviceInfo:
         smem_per_block=attr("MAX_SHARED_MEMORY_PER_BLOCK"),
         smem_per_block_optin=attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") or attr("MAX_SHARED_MEMORY_PER_BLOCK"),
         smem_per_sm=attr("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        smem_reserved_per_block=attr("RESERVED_SHARED_MEMORY_PER_BLOCK"),
         regs_per_sm=attr("MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        threads_per_sm=attr("MAX_THREADS_PER_MULTIPROCESSOR"),
+        blocks_per_sm=attr("MAX_BLOCKS_PER_MULTIPROCESSOR"),
         l2_bytes=attr("L2_CACHE_SIZE"),
         total_mem_bytes=d.total_memory(),
         clock_mhz=clock_khz / 1e3 if clock_khz else None,
@@ -196,6 +205,26 @@ def device_info(device: int | None = None) -> DeviceInfo:
         fp64_ratio=_FP64_RATIO.get(cc, 1 / 64),
         peak_fp32_tflops=peak,
     )
+
+
+# CUdevice_attribute numbers (cuda.h) of the attributes an older pycuda may not name.
+_ATTRIBUTE_NUMBERS = {"MAX_THREADS_PER_MULTIPROCESSOR": 39, "MAX_BLOCKS_PER_MULTIPROCESSOR": 106,
+                      "RESERVED_SHARED_MEMORY_PER_BLOCK": 111}
+
+
+def _driver_attribute(number: int | None, device: int) -> int | None:
+    """``cuDeviceGetAttribute(number)`` of CUDA device ``device`` through ``libcuda.so.1``, or None
+    (no number, no driver library, or the driver does not know the attribute)."""
+    if number is None:
+        return None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev, value = ctypes.c_int(), ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), device) != 0:
+            return None
+        return value.value if lib.cuDeviceGetAttribute(ctypes.byref(value), number, dev) == 0 else None
+    except OSError:  # no libcuda.so.1
+        return None
 
 
 def _smi_max_clock_khz() -> float | None:

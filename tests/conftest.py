@@ -22,6 +22,15 @@ if str(ROOT) not in sys.path:
 
 BIG_MEMORY_BYTES = 60 * 10**9
 
+# The machine the CPU tests give the tuner's cost model (`model_machine`): the committed measurement of
+# the GPU the series publishes on, once `python -m benchmarks.machine` has written it there; until then
+# TEST_MACHINE_INPUTS. Those are inputs chosen for the tests, round numbers that are no GPU's measurement:
+# the tests that use them assert what must hold for any machine.
+MODEL_MACHINE_GPU = "nvidia-h100-80gb-hbm3"
+TEST_MACHINE_INPUTS = dict(sms=100, smem_per_sm=200 * 1024, smem_reserved_per_block=1024, regs_per_sm=65536,
+                           threads_per_sm=2048, blocks_per_sm=32, l2_bytes=32 * 2**20, mma_tflops=400.0,
+                           fma_tflops=40.0, dram_gbps=2000.0, l2_gbps=6000.0, launch_us=2.0)
+
 
 @functools.cache
 def gpu_skip_reason() -> str | None:
@@ -74,6 +83,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = big_skip_reason()
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def model_machine():
+    """The tuner's `Machine` for the CPU tests: ``benchmarks/results/<MODEL_MACHINE_GPU>/machine.json``
+    if committed (`helpers.tune.probe.committed`), else one of `TEST_MACHINE_INPUTS`."""
+    from helpers.tune import probe
+    from helpers.tune.machine import Machine
+
+    if probe.committed_path(MODEL_MACHINE_GPU).is_file():
+        return probe.committed(MODEL_MACHINE_GPU)
+    return Machine(**TEST_MACHINE_INPUTS)
+
+
+@pytest.fixture
+def machine():
+    """`model_machine`, as a fixture."""
+    return model_machine()
 
 
 @pytest.fixture

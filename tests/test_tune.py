@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import model_machine
 
 from days.day13_igemm_production import INSTANTIATED, TileDescription, choose, space, tune_defines
 from days.day14_backward.wgrad import tiles as wgrad_tiles
@@ -274,9 +275,9 @@ def random_problems(n=40, seed=15):
 
 
 @pytest.mark.parametrize("keep", [1, 4, 8])
-def test_pruning_never_drops_the_models_first_choice_the_families_favourites_or_the_prior(keep):
+def test_pruning_never_drops_the_models_first_choice_the_families_favourites_or_the_prior(keep, machine):
     for p in random_problems():
-        cands = space.candidates(p, ht.H200)
+        cands = space.candidates(p, machine)
         kept = ht.prune(cands, keep)
         first = min(cands, key=lambda c: c.model_us)
         assert kept[0].config == first.config and kept[0].model_us == first.model_us
@@ -290,17 +291,22 @@ def test_pruning_never_drops_the_models_first_choice_the_families_favourites_or_
         assert [c.model_us for c in kept] == sorted(c.model_us for c in kept)
 
 
-def test_the_model_counts_waves_and_prefers_bigger_warp_tiles():
-    """Sanity of `gemm_tile_us`: one block past a full wave (2 resident blocks on each of 132 SMs)
-    costs a second round; a smaller warp tile is less efficient."""
-    t = ht.GemmTile(m=264 * 128, n=128, k=1152, bm=128, bn=128, bk=64, warp_m=64, warp_n=64, threads=128, stages=3,
+def test_the_model_counts_waves_and_prefers_bigger_warp_tiles(machine):
+    """Sanity of `gemm_tile_us` on the tensor-core term (the machine's DRAM and L2 made 100 times
+    faster, so that they cannot hide it): one block past a full wave (the resident blocks on every
+    SM) costs a second round; a smaller warp tile is less efficient."""
+    mc = replace(machine, dram_gbps=100 * machine.dram_gbps, l2_gbps=100 * machine.l2_gbps)
+    t = ht.GemmTile(m=128, n=128, k=1152, bm=128, bn=128, bk=64, warp_m=64, warp_n=64, threads=128, stages=3,
                     shared_bytes=98304, regs=255)
-    launch = ht.H200.launch_us
-    one_wave, two_waves = ht.gemm_tile_us(t, ht.H200), ht.gemm_tile_us(replace(t, m=265 * 128), ht.H200)
-    assert two_waves - launch > 1.5 * (one_wave - launch)
-    small_warps = replace(t, warp_m=32, warp_n=32, threads=512, regs=128)
-    assert ht.gemm_tile_us(small_warps, ht.H200) > one_wave
-    assert ht.occupancy(t, ht.H200) == 2  # 96 KB of 228: two blocks (255 registers x 128 threads: also two)
+    # 96 KB (plus the reservation) per block; 255 registers x 128 threads: 32 Ki registers per block
+    occ = min(mc.smem_per_sm // (98304 + mc.smem_reserved_per_block), mc.regs_per_sm // 32768,
+              mc.threads_per_sm // 128, mc.blocks_per_sm)
+    assert ht.occupancy(t, mc) == occ >= 1
+    wave = occ * mc.sms * 128  # GEMM-M of exactly one full wave of 128 x 128 tiles
+    one_wave, two_waves = ht.gemm_tile_us(replace(t, m=wave), mc), ht.gemm_tile_us(replace(t, m=wave + 128), mc)
+    assert two_waves - mc.launch_us > 1.5 * (one_wave - mc.launch_us)
+    small_warps = replace(t, m=wave, warp_m=32, warp_n=32, threads=512, regs=128)
+    assert ht.gemm_tile_us(small_warps, mc) > one_wave
 
 
 # ---- day 13's space -----------------------------------------------------------------------------------------
@@ -324,12 +330,12 @@ def test_config_names_round_trip_and_variations_are_the_other_swizzles():
     assert space.variations("128x128x64_w2x2_s3_b1_sw0", replace(P1, K=128, name="")) == []  # one filter tile
 
 
-def test_space_prior_is_the_rule_and_other_iterators_keep_the_rule():
+def test_space_prior_is_the_rule_and_other_iterators_keep_the_rule(machine):
     for p in suite("resnet50", **NHWC16):
-        prior = [c for c in space.candidates(p, ht.H200) if c.prior]
+        prior = [c for c in space.candidates(p, machine) if c.prior]
         assert len(prior) == 1 and prior[0].config.startswith(choose(p).tile.name)
     odd = Conv2dProblem(N=2, C=3, H=32, W=32, K=64, R=3, S=3, padding=1, **NHWC16)  # C = 3: few_channels
-    (only,) = space.candidates(odd, ht.H200)
+    (only,) = space.candidates(odd, machine)
     assert only.prior and only.config.startswith("rule:") and only.variant is get("igemm_production")
 
 
@@ -361,12 +367,15 @@ def _config(variant) -> str:
 
 
 def stand_in_device(monkeypatch) -> None:
-    """An H200's facts for `helpers.gpu.device_info`, and builds that take 0.5 s and do nothing."""
+    """A stand-in sm_90 device for `helpers.gpu.device_info` (what the search asks of it: the
+    compute capability and the shared memory a block may opt into), the CPU tests' machine
+    (`conftest.model_machine`) as the measured one, and builds that take 0.5 s and do nothing."""
     monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None: 0.5)
     monkeypatch.setattr(hts, "is_built", lambda cu_file, defines, arch: False)
-    info = SimpleNamespace(sms=132, smem_per_sm=228 * 1024, regs_per_sm=65536, clock_mhz=1980.0,
-                           l2_bytes=50 * 2**20, smem_per_block_optin=227 * 1024, cc=(9, 0))
+    info = SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0))
     monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
+    mc = model_machine()
+    monkeypatch.setattr(hts, "machine_for", lambda info=None, path=None: mc)
 
 
 class FakeGPU:
@@ -604,13 +613,13 @@ def test_bench_cli_adds_tuned_flavours_after_tunable_variants(tmp_path):
     assert parse_args(["--tuned", str(cache)]).tuned == str(cache)
 
 
-def test_wgrad_space_has_the_rule_as_prior_and_splits_as_launch_arguments():
+def test_wgrad_space_has_the_rule_as_prior_and_splits_as_launch_arguments(machine):
     from days.day14_backward import choose_wgrad
     from days.day14_backward import space as wsp
 
     sp = ht.space_of("wgrad")
     for p in suite("resnet50", op="wgrad", **NHWC16):
-        cands = sp.candidates(p, ht.H200)
+        cands = sp.candidates(p, machine)
         (prior,) = [c for c in cands if c.prior]
         rule = choose_wgrad(p)
         assert prior.config == wsp.config_name(rule.tile, rule.splits)
@@ -643,13 +652,13 @@ def test_tune_runs_a_backward_space_on_an_fprop_suite(monkeypatch, tmp_path):
     assert all(cfg.rsplit("_k", 1)[0] in wgrad_tiles() for cfg in df.config)
 
 
-def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_prior():
+def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_prior(machine):
     from days.day14_backward import dgrad as dg
 
     sp = ht.space_of("dgrad")
     for p in suite("resnet50", op="dgrad", **NHWC16) + [replace(P1, op="dgrad", K=12, name="")]:
         rule = dg.choose_config(p)
-        cands = sp.candidates(p, ht.H200)
+        cands = sp.candidates(p, machine)
         (prior,) = [c for c in cands if c.prior]
         assert prior.config == space.config_name(rule.tile, rule.swizzle)
         assert {c.family for c in cands} == {n for n, its in dg.instantiated().items() if rule.iterator in its}
@@ -663,7 +672,7 @@ def test_dgrad_space_is_the_entries_of_the_problems_iterator_with_the_rule_as_pr
 
 
 @pytest.mark.parametrize("keep", ["0", "-3", "two"])
-def test_keep_below_one_is_refused(keep, capsys):
+def test_keep_below_one_is_refused(keep, capsys, machine):
     """``--keep 0`` was taken as the default 8 silently (``args.keep or KEEP``); 0, a negative
     count or no integer is an argument error now, and `prune` refuses keep < 1."""
     from benchmarks.tune import parse_args
@@ -673,7 +682,7 @@ def test_keep_below_one_is_refused(keep, capsys):
     assert e.value.code == 2 and "--keep" in capsys.readouterr().err
     assert parse_args(["--keep", "1"]).keep == 1 and parse_args([]).keep is None
     with pytest.raises(ValueError, match="at least 1"):
-        ht.prune(space.candidates(P1, ht.H200), 0)
+        ht.prune(space.candidates(P1, machine), 0)
 
 
 def test_a_choice_this_process_tuned_is_not_checked_again(monkeypatch, tmp_path):

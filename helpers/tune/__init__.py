@@ -31,10 +31,15 @@ and choice in a process).
 The cost model (`gemm_tile_us`) is generic over implicit-GEMM tiles: waves of resident blocks over
 the SMs (occupancy from shared memory, registers and threads), the tensor-core time of the
 padded tile work at a rate that grows with the warp tile, the DRAM and L2 traffic, and a per-block
-pipeline fill; `Machine` holds the rates it reads.
+pipeline fill; `Machine` holds the rates it reads, measured on the GPU present by a short probe
+run once per environment and cached (`probe.machine_for`, issue 46). ``H200`` is the machine of
+the H200's committed runs (``benchmarks/results/nvidia-h200/machine.json``, `probe.committed`),
+for the model without that GPU (day 15's figures replay the H200's sweeps).
 
 The package by layer: `machine` (the cost model), `space` (search spaces and pruning), `cache`
-(the persistent cache) and `search` (the search, `tune`, `tuned`); the names below are theirs.
+(the persistent cache), `probe` (the measured machine) and `search` (the search, `tune`,
+`tuned`); the names below are theirs (`probe.measure` stays under its module: `measure` here is
+the search's step 4).
 
 Sources: the tuning practice surveyed in issue #16 (CUTLASS's profiler; per-shape caches, parallel
 builds and top-k prescreening in public autotuners), NVIDIA's CUDA C++ Best Practices Guide
@@ -43,11 +48,12 @@ builds and top-k prescreening in public autotuners), NVIDIA's CUDA C++ Best Prac
 
 from __future__ import annotations
 
+from . import probe
 from .cache import CACHE_ENV, TuneCache, TuneCacheWarning, default_cache_path, problem_key, valid_entry
 from .machine import (
     COVER_WARPS,
     EPILOGUE_US,
-    H200,
+    FITTED,
     LOAD_LATENCY_US,
     WARP_TILE_COST,
     GemmTile,
@@ -55,6 +61,7 @@ from .machine import (
     gemm_tile_us,
     occupancy,
 )
+from .probe import committed, machine_for
 from .search import (
     CACHED,
     CLOSE_REPS,
@@ -75,9 +82,16 @@ from .search import (
 from .space import KEEP, SPACES, Candidate, Space, prune, register_space, space_of
 
 __all__ = [
-    "CACHED", "CACHE_ENV", "CLOSE_REPS", "COVER_WARPS", "EPILOGUE_US", "FINAL_TARGET_MS", "H200", "KEEP",
+    "CACHED", "CACHE_ENV", "CLOSE_REPS", "COVER_WARPS", "EPILOGUE_US", "FINAL_TARGET_MS", "FITTED", "H200", "KEEP",
     "LOAD_LATENCY_US", "LOSER", "QUICK_REPS", "SPACES", "WARP_TILE_COST", "Candidate", "GemmTile", "Machine",
-    "Reference", "Search", "Space", "Trial", "TuneCache", "TuneCacheWarning", "check_winner", "default_cache_path",
-    "enumerate_search", "gemm_tile_us", "measure", "occupancy", "problem_key", "prune", "register_space",
-    "space_of", "sweep", "tune", "tune_problem", "tuned", "valid_entry",
+    "Reference", "Search", "Space", "Trial", "TuneCache", "TuneCacheWarning", "check_winner", "committed",
+    "default_cache_path", "enumerate_search", "gemm_tile_us", "machine_for", "measure", "occupancy", "probe",
+    "problem_key", "prune", "register_space", "space_of", "sweep", "tune", "tune_problem", "tuned", "valid_entry",
 ]
+
+
+def __getattr__(name: str):
+    """``H200``: the committed H200 machine (`probe.committed`), read on first use."""
+    if name == "H200":
+        return committed("nvidia-h200")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,29 @@ CACHE_ENV = "CONV2D_DAYS_TUNE_CACHE"  # overrides `default_cache_path`
 CACHED = ("config", "ms", "rule_config", "rule_ms", "model_rank")  # what a cache entry answers with
 
 
+def environment() -> dict:
+    """{gpu, driver, cuda, nvcc}: what a tuned answer or a measured machine depends on besides its
+    kernel's source (`helpers.gpu.versions`, `helpers.compile.nvcc_version`); ``"none"`` fields
+    without a GPU or nvcc."""
+    v = gpu.versions()
+    return {"gpu": v["gpu"], "driver": v["driver"], "cuda": v["cuda"], "nvcc": nvcc_version()}
+
+
+def replace_json(path: Path, data) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file of its own beside it, then
+    replace the file (atomic: a reader sees the old file or the new one), keeping the file's
+    permission bits. The caller holds the file's lock when it merges."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600: keep a shared cache readable
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def default_cache_path() -> Path:
     """``$CONV2D_DAYS_TUNE_CACHE`` if set, else ``~/.cache/conv2d-days/tune.json``."""
     env = os.environ.get(CACHE_ENV)
@@ -113,10 +136,9 @@ class TuneCache:
 
     @property
     def environment(self) -> dict:
-        """{gpu, driver, cuda, nvcc}: `helpers.gpu.versions` and `helpers.compile.nvcc_version`."""
+        """{gpu, driver, cuda, nvcc}: `environment`, asked once per cache object."""
         if self._env is None:
-            v = gpu.versions()
-            self._env = {"gpu": v["gpu"], "driver": v["driver"], "cuda": v["cuda"], "nvcc": nvcc_version()}
+            self._env = environment()
         return self._env
 
     def key(self, variant: Variant, p: Conv2dProblem) -> str:
@@ -152,15 +174,7 @@ class TuneCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
             merged = {**self._read(warn=False), key: entry}
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
-            try:
-                os.chmod(tmp, _file_mode(self.path))  # mkstemp makes 0600: keep a shared cache readable
-                with os.fdopen(fd, "w") as f:
-                    json.dump(merged, f, indent=1, sort_keys=True)
-                os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            replace_json(self.path, merged)
         self.entries = merged
         if checked:
             self._checked.add((key, entry["config"]))

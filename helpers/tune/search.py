@@ -23,7 +23,7 @@ from ..reference import compare, expected, judge
 from ..timing import time_gpu
 from ..variants import Plan, Variant, get
 from .cache import CACHED, TuneCache, _warn
-from .machine import Machine
+from .probe import machine_for
 from .space import KEEP, Candidate, Space, prune, space_of
 
 QUICK_REPS = 3  # first repetitions of each survivor
@@ -136,14 +136,16 @@ class Search:
 
 
 def enumerate_search(space: Space, p: Conv2dProblem, keep: int = KEEP) -> Search:
-    """Steps 1 and 2: the space's candidates for ``p`` that this GPU supports, and the survivors.
+    """Steps 1 and 2: the space's candidates for ``p`` that this GPU supports, ranked by the model
+    on this GPU's measured machine (`helpers.tune.probe.machine_for`: cached, or measured on first
+    use), and the survivors.
 
     Raises:
         ValueError: no candidate supports ``p`` on this GPU.
     """
     t0 = time.perf_counter()
     info = gpu.device_info()
-    plans = {c.config: (c, c.variant.plan(p)) for c in space.candidates(p, Machine.of(info))}
+    plans = {c.config: (c, c.variant.plan(p)) for c in space.candidates(p, machine_for(info))}
     plans = {cfg: (c, plan) for cfg, (c, plan) in plans.items()
              if plan.refusal(smem_limit=info.smem_per_block_optin, cc=info.cc) is None}
     if not plans:
