@@ -631,6 +631,53 @@ def output_writes(p: Conv2dProblem, m: int, cfg: LaunchConfig | None = None) -> 
     return counts
 
 
+def gemm_blocks_model(a: np.ndarray, b: np.ndarray, cfg: WinoConfig, launch: LaunchConfig, m_on_x: bool
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """One GEMM position as ``wino_gemm``'s blocks compute it, thread by thread (a Python kernel:
+    the loaders, the two shared stages, the rank-1 updates, the epilogue's stores), on A (Mg x Kg)
+    and B (Kg x Ng) in their dtype. Returns (M, how often each element of M was stored).
+
+    Block (bx, by) takes tile (m0, n0) = (bx·BM, by·BN) if ``m_on_x`` else (by·BM, bx·BN). At step
+    s: thread tid < 2·BM loads A[m0 + tid/2][8s + 4(tid%2) .. +3] (zeros past Mg) into
+    sa[4(tid%2) + j][tid/2]; thread tid < 2·BN loads B[8s + tid/(BN/4)][n0 + 4(tid%(BN/4)) .. +3]
+    (zeros past Ng) into sb[tid/(BN/4)][4(tid%(BN/4)) + j]; then every thread (tm, tn) = (tid/16,
+    tid%16) adds sa[kk][4tm + 64g + i]·sb[kk][4tn + 64h + j], kk = 0..7, to its accumulators and,
+    after the last step, stores rows below Mg, columns below Ng."""
+    (mg, kg), ng = a.shape, b.shape[1]
+    bm, bn = cfg.bm, cfg.bn
+    out = np.full((mg, ng), np.nan, dtype=a.dtype)
+    stores = np.zeros((mg, ng), dtype=np.int64)
+    tid = np.arange(GEMM_THREADS)
+    tm, tn = tid // 16, tid % 16
+    rows = (4 * tm[:, None] + 64 * (np.arange(bm // 16)[None, :] // 4) + np.arange(bm // 16)[None, :] % 4)
+    cols = (4 * tn[:, None] + 64 * (np.arange(bn // 16)[None, :] // 4) + np.arange(bn // 16)[None, :] % 4)
+    gx, gy, _ = launch.grid
+    for bx in range(gx):
+        for by in range(gy):
+            m0, n0 = (bx * bm, by * bn) if m_on_x else (by * bm, bx * bn)
+            acc = np.zeros((bm, bn), dtype=a.dtype)
+            for s in range(kg // GEMM_BK):
+                sa = np.zeros((GEMM_BK, bm), dtype=a.dtype)
+                sb = np.zeros((GEMM_BK, bn), dtype=a.dtype)
+                for t in range(2 * bm):
+                    am, ka = t // 2, 4 * (t % 2)
+                    if m0 + am < mg:
+                        sa[ka:ka + 4, am] = a[m0 + am, GEMM_BK * s + ka:GEMM_BK * s + ka + 4]
+                for t in range(2 * bn):
+                    kb, nb = t // (bn // 4), 4 * (t % (bn // 4))
+                    if n0 + nb < ng:
+                        sb[kb, nb:nb + 4] = b[GEMM_BK * s + kb, n0 + nb:n0 + nb + 4]
+                for kk in range(GEMM_BK):
+                    acc += np.outer(sa[kk], sb[kk])
+            for t in tid:
+                r, c = m0 + rows[t], n0 + cols[t]
+                ok = (r[:, None] < mg) & (c[None, :] < ng)
+                rr, cc = np.broadcast_to(r[:, None], ok.shape)[ok], np.broadcast_to(c[None, :], ok.shape)[ok]
+                out[rr, cc] = acc[rows[t][:, None], cols[t][None, :]][ok]
+                np.add.at(stores, (rr, cc), 1)
+    return out, stores
+
+
 def workspace_writes(p: Conv2dProblem, m: int, cfg: WinoConfig, launches: list[KernelLaunch] | None = None
                      ) -> np.ndarray:
     """Writes per float of the whole workspace by one run (``launches``, default the plan's, by
