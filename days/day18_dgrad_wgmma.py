@@ -151,6 +151,9 @@ def shape_reason(p: Conv2dProblem) -> str | None:
     if strided(p):
         if max(p.stride) > 8:
             return f"stride {p.stride}: the scatter kernel walks at most 8 phases per axis"
+        if not any(map(active, phases(p))):
+            return ("no dy pixel reaches any dx pixel (every phase lacks a tap or is empty): dx is all zeros, "
+                    "which day 14's dgrad writes")
         for ph in filter(active, phases(p)):
             pads = (ph[0].pad, ph[1].pad)
             size = [x.extent - 2 * x.pad + x.dil * (len(x.taps) - 1) for x in ph]
@@ -235,9 +238,13 @@ def dgrad_reason(p: Conv2dProblem, cfg: WgmmaConfig | None) -> str | None:
                 "strides (K % 8 == 0); day 14's dgrad takes any K")
     if max(p.C, p.K) + ROTATE_TILE > INT32_MAX:
         return f"C = {p.C} or K = {p.K} plus a 64-wide tile does not fit the rotate kernel's int indices"
-    if strided(p) and max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1], p.N * p.H, p.W * cdiv(p.C, 8)) > INT32_MAX:
-        return (f"N, H, W, C = {p.N}, {p.H}, {p.W}, {p.C}: the scatter kernel's int indices (H and W plus twice the "
-                "padding, its N H rows, a row's W ceil(C / 8) vectors) do not fit")
+    scatter_ints = (max(p.H + 2 * p.padding[0], p.W + 2 * p.padding[1]) + max(p.stride),  # phase_extent's sums
+                    p.N * p.H + SCATTER_BLOCKS_PER_SM * SCATTER_SMS,  # the row loop, one grid past the last row
+                    p.W * cdiv(p.C, 8) + SCATTER_THREADS)  # a row's vector loop, one block past the last
+    if strided(p) and max(scatter_ints) > INT32_MAX:
+        return (f"N, H, W, C = {p.N}, {p.H}, {p.W}, {p.C}: the scatter kernel's int indices (H and W plus twice "
+                "the padding and a stride, its N H rows plus a grid, a row's W ceil(C / 8) vectors plus a block) "
+                "do not fit")
     if strided(p) and cfg is not None:
         for ph in filter(active, phases(p)):
             fp = phase_problem(p, ph)
@@ -381,11 +388,21 @@ class Divisor:
     def multiplier(self) -> int:
         return (2**32 * (2**self.shift - self.d)) // self.d + 1
 
+    def __post_init__(self):
+        if not 1 <= self.d < 2**31:
+            raise ValueError(f"Divisor({self.d}): the kernel divides by 1 <= d < 2^31")
+
     def div(self, n):
-        """n // d the kernel's way; n an int or an int64 numpy array with 0 <= n < 2^31."""
-        m = self.multiplier
-        assert m < 2**32, m
-        return (((n * m) >> 32) + n) >> self.shift
+        """n // d the kernel's way; n an int or an integer numpy array with 0 <= n < 2^31.
+
+        Raises:
+            ValueError: n outside 0 .. 2^31 - 1 (the kernel's 32-bit sum would overflow).
+        """
+        n = np.asarray(n, dtype=np.int64)
+        if n.size and (n.min() < 0 or n.max() >= 2**31):
+            raise ValueError("Divisor.div: the kernel takes 0 <= n < 2^31")
+        q = (((n * self.multiplier) >> 32) + n) >> self.shift
+        return int(q) if q.ndim == 0 else q
 
 
 def dgrad_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgmmaConfig | None) -> list[KernelLaunch]:
@@ -436,6 +453,8 @@ def scatter_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.n
     8 (v mod ceil(C / 8)) .. + 7 (< C) of pixel v div ceil(C / 8), both by `Divisor`."""
     launch = launch or scatter_launch(p)
     (blocks, _, _), (threads, _, _) = launch.grid, launch.block
+    if threads != SCATTER_THREADS:
+        raise ValueError(f"block {launch.block}: the kernel's vector loop steps by SCATTER_THREADS = {SCATTER_THREADS}")
     cvec = cdiv(p.C, 8)
     counts = np.zeros(p.N * p.H * p.W * p.C, dtype=np.int64)
     rows = np.concatenate([np.arange(x, p.N * p.H, blocks) for x in range(min(blocks, p.N * p.H))])

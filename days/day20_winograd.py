@@ -41,7 +41,8 @@ Rounding. Every stage is a matrix product that rounds; the error of the float co
 bounded, to first order in the unit roundoff u, by the same products taken on absolute values
 (`error_bound`), in the style of Higham's γ_k bounds for inner products:
   |Ŷ − Y| <= γ_k · |Aᵀ| [ (|G| |g| |Gᵀ|) ⊙ (|Bᵀ| |d| |B|) ] |A|   (summed over the input channels),
-k = the longest chain of roundings an output goes through (`rounding_depth`). The transforms'
+k = the longest chain of roundings an output goes through (`rounding_depth`), for values in the
+format's normal range (no underflow or overflow). The transforms'
 constants enter through |Aᵀ|, |G|, |Bᵀ|: their entries grow with m (points ±2, ±1/2, ...), which is
 why F(6, 3) in float32 loses digits that F(2, 3) keeps.
 
@@ -199,7 +200,14 @@ def correlate_tile(d: np.ndarray, g: np.ndarray, w: Winograd, dtype=np.float64) 
     """One output tile by Winograd: d (C, n, n) input tiles of C channels, g (C, r, r) one filter;
     Y (m, m) = Aᵀ [Σ_c (G g_c Gᵀ) ⊙ (Bᵀ d_c B)] A, every product computed in ``dtype`` (the
     transforms rounded to it once): the computation a kernel does, channel sum inside the
-    transform domain (one GEMM per transform position)."""
+    transform domain (one GEMM per transform position).
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating type (an integer type would truncate the
+            transforms' fractions).
+    """
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        raise TypeError(f"correlate_tile computes in a floating type; got {np.dtype(dtype)}")
     at, gm, bt = w.arrays(dtype)
     d, g = d.astype(dtype), g.astype(dtype)
     u = np.einsum("ij,cjk,lk->cil", gm, g, gm).astype(dtype)  # G g Gᵀ, per channel
@@ -216,23 +224,33 @@ def direct_tile(d: np.ndarray, g: np.ndarray, m: int) -> np.ndarray:
 
 
 def rounding_depth(w: Winograd, channels: int) -> int:
-    """The longest chain of roundings from an input to an output, counted as the γ_k of Higham's
-    inner-product bound counts them (a sum of t terms: t − 1 additions, plus one for the product):
-    Bᵀ d (n terms) then · B (n), G g (r) then · Gᵀ (r), the product (1), the channel sum (C),
-    Aᵀ · (n) then · A (n), and the transforms' own entries rounded once (1)."""
+    """The longest chain of roundings from an input to an output of `correlate_tile`, counted as
+    the γ_k of Higham's inner-product bound counts them (a sum of t terms: t − 1 additions, plus
+    one per multiplication), as that code evaluates it: Bᵀ d B as one sum of n² triple products
+    (n² + 1), G g Gᵀ likewise (r² + 1), their product (1): these multiply, so they add; the channel
+    sum (C − 1); Aᵀ M A as two products of n terms (2n); and each of the six transform factors
+    rounded once to the format (6)."""
     n, r = w.n, w.r
-    return max(2 * n, 2 * r) + 1 + channels + 2 * n + 1
+    return (n * n + 1) + (r * r + 1) + 1 + (channels - 1) + 2 * n + 6
 
 
 def error_bound(d: np.ndarray, g: np.ndarray, w: Winograd, u: float = FLOAT32_U) -> np.ndarray:
     """The first-order bound on |Ŷ − Y| of `correlate_tile` in a format of unit roundoff ``u``,
     per output (m x m): γ_k·|Aᵀ| [Σ_c (|G| |g_c| |Gᵀ|) ⊙ (|Bᵀ| |d_c| |B|)] |A| with k =
     `rounding_depth` and γ_k = k u / (1 − k u) (Higham, section 3.1; the transform-domain form as
-    in Barabasz et al.)."""
+    in Barabasz et al.). It assumes no underflow or overflow: every intermediate in the format's
+    normal range (a tile of values near 1e-22 in float32 falls outside it).
+
+    Raises:
+        ValueError: k·u >= 1 (γ_k undefined: too many channels for the format, e.g. bf16's u with
+            a few hundred).
+    """
+    k = rounding_depth(w, d.shape[0])
+    if k * u >= 1:
+        raise ValueError(f"k u = {k} x {u:g} >= 1: the first-order bound does not apply (too many roundings)")
     at, gm, bt = (np.abs(t) for t in w.arrays(np.float64))
     ad, ag = np.abs(d.astype(np.float64)), np.abs(g.astype(np.float64))
     mag = np.einsum("ij,cjk,lk->cil", gm, ag, gm) * np.einsum("ij,cjk,lk->cil", bt, ad, bt)
-    k = rounding_depth(w, d.shape[0])
     return k * u / (1 - k * u) * (at @ mag.sum(axis=0) @ at.T)
 
 

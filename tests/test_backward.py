@@ -629,7 +629,7 @@ def test_kernels_in_order_of_preference_pick_the_first_that_runs():
     h100 = 227 * 1024  # an H100's opt-in shared memory per block
     hopper = HOPPER_KERNELS.pick(p, (9, 0), h100)
     assert hopper.variant.name == "dgrad_wgmma" and hopper.refused == ()
-    small = HOPPER_KERNELS.pick(p, (9, 0))  # 48 KB: day 16's ring does not fit
+    small = HOPPER_KERNELS.pick(p, (9, 0), 48 * 1024)  # 48 KB: day 16's ring does not fit
     assert small.variant.name == "dgrad" and "shared memory" in small.refused[0][1]
     ampere = HOPPER_KERNELS.pick(p, (8, 0), h100)
     assert ampere.variant.name == "dgrad" and [n for n, _ in ampere.refused] == ["dgrad_wgmma"]
@@ -642,3 +642,30 @@ def test_kernels_in_order_of_preference_pick_the_first_that_runs():
     assert d14.train.Kernels().pick(p, (9, 0), h100).variant.name == "dgrad"  # day 14's own by default
     with pytest.raises(ValueError, match="no kernel runs .*dgrad_wgmma: .*compute capability"):
         d14.train.Kernels(dgrad=("dgrad_wgmma",)).pick(p, (8, 6), h100)
+
+
+def test_kernels_fields_are_checked_and_picks_cached_by_identity():
+    """A list becomes a tuple; an empty or non-variant field is a TypeError at construction; a
+    variant of another operation is named, not skipped; a Variant object (not hashable: it holds
+    dicts) in a field is picked and cached by identity; on CPU tensors the device error comes
+    first, whatever the first choice would refuse."""
+    from days.day19_wgrad_wgmma import HOPPER_KERNELS
+    from helpers.variants import get
+
+    h100 = 227 * 1024
+    assert d14.train.Kernels(dgrad=["dgrad_wgmma", "dgrad"]).dgrad == ("dgrad_wgmma", "dgrad")
+    for bad in ((), [], None, 3, ("dgrad", 3)):
+        with pytest.raises(TypeError, match="Kernels.dgrad"):
+            d14.train.Kernels(dgrad=bad)
+    p = Conv2dProblem(N=2, C=64, H=14, W=14, K=64, R=3, S=3, padding=1, dtype="fp16", layout="NHWC", op="dgrad")
+    with pytest.raises(ValueError, match="Kernels.dgrad names wgrad, which compute"):
+        d14.train.Kernels(dgrad=("wgrad", "dgrad")).pick(p, (9, 0), h100)
+    with pytest.raises(ValueError, match="Kernels has variants for"):
+        d14.train.Kernels().choices("pick")
+    k = d14.train.Kernels(dgrad=(get("dgrad_wgmma"), get("dgrad")))
+    first = d14.train._pick(k, p, (9, 0), h100)
+    assert first.variant.name == "dgrad_wgmma" and d14.train._pick(k, p, (9, 0), h100) is first
+    x = torch.zeros(2, 12, 14, 14, dtype=torch.float16).to(memory_format=torch.channels_last)  # C = 12: day 16 refuses
+    w = torch.zeros(16, 12, 3, 3, dtype=torch.float16).to(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):
+        d14.train.conv2d(x, w, padding=1, kernels=HOPPER_KERNELS)

@@ -346,6 +346,9 @@ def test_train_step_help_and_no_gpu_message():
     r = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--help"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "--batch" in r.stdout and "--steps" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--batch", "0"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "must be at least 1" in r.stderr and "Traceback" not in r.stderr  # GPU or not
     if gpu.has_gpu():
         return
     r = subprocess.run([sys.executable, "-m", "benchmarks.train_step"], cwd=ROOT, env=env,

@@ -551,3 +551,25 @@ def test_a_planted_divisor_fault_is_caught():
             return super().multiplier - 1
     n = np.arange(1 << 16)
     assert not (Off(7).div(n) == n // 7).all()
+
+
+def test_a_dx_that_no_dy_pixel_reaches_is_refused_not_crashed():
+    """Stride 2, padding 1, a 1 x 1 filter and one input row: no phase has both a tap and pixels, so
+    dx is all zeros; refused with that reason (day 14's dgrad writes it), where `fprop_problem` used
+    to fail on an empty max."""
+    p = dgrad(N=1, C=8, H=1, W=8, K=8, R=1, S=1, stride=2, padding=1)
+    assert not any(map(d18.active, d18.phases(p)))
+    assert "no dy pixel reaches any dx pixel" in V.supports(p)
+
+
+def test_the_divisor_and_the_scatter_model_keep_the_kernels_ranges():
+    with pytest.raises(ValueError, match="1 <= d < 2"):
+        d18.Divisor(0)
+    with pytest.raises(ValueError, match="0 <= n < 2"):
+        d18.Divisor(3).div(2**32 - 1)  # the kernel's 32-bit sum would overflow: its answer differs from //
+    with pytest.raises(ValueError, match="0 <= n < 2"):
+        d18.Divisor(3).div(-1)
+    assert d18.Divisor(3).div(np.array([2**31 - 1], dtype=np.int32))[0] == (2**31 - 1) // 3  # no int32 overflow
+    p = STRIDED[0]
+    with pytest.raises(ValueError, match="steps by SCATTER_THREADS"):
+        d18.scatter_writes(p, replace(d18.scatter_launch(p), block=(128, 1, 1)))

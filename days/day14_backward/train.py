@@ -20,7 +20,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from helpers import gpu
-from helpers.launch import prepare
+from helpers.launch import check_tensors, prepare
 from helpers.problem import Conv2dProblem
 from helpers.variants import Variant, get
 
@@ -39,29 +39,57 @@ class Pick:
         return self.variant.name + why
 
 
+OPS = ("fprop", "dgrad", "wgrad")
+
+
 @dataclass(frozen=True)
 class Kernels:
     """The variants `conv2d` runs for each operation: a registered name or a
     `helpers.variants.Variant`, or a tuple of them in order of preference, of which the first that
     runs on the GPU and supports the layer runs (`pick`). The default is day 14's kernels; a later
-    day names its own first and day 14's after them (day 19's ``HOPPER_KERNELS``)."""
+    day names its own first and day 14's after them (day 19's ``HOPPER_KERNELS``).
+
+    Raises:
+        TypeError: a field that is not a name, a Variant or a non-empty tuple (or list) of them.
+    """
 
     fprop: object = "igemm_production"
     dgrad: object = "dgrad"
     wgrad: object = "wgrad"
 
+    def __post_init__(self):
+        for op in OPS:
+            named = getattr(self, op)
+            named = tuple(named) if isinstance(named, (tuple, list)) else (named,)
+            if not named or not all(isinstance(c, (str, Variant)) for c in named):
+                raise TypeError(f"Kernels.{op}: a variant name or Variant, or a non-empty tuple of them; "
+                                f"got {getattr(self, op)!r}")
+            object.__setattr__(self, op, named if len(named) > 1 else named[0])
+
     def choices(self, op: str) -> list[Variant]:
-        """The variants for ``op`` ("fprop", "dgrad" or "wgrad"), in order of preference."""
+        """The variants for ``op`` ("fprop", "dgrad" or "wgrad"), in order of preference.
+
+        Raises:
+            ValueError: another op; a variant that computes another operation than ``op``.
+            KeyError: an unknown variant name.
+        """
+        if op not in OPS:
+            raise ValueError(f"Kernels has variants for {', '.join(OPS)}; got {op!r}")
         named = getattr(self, op)
-        return [get(c) if isinstance(c, str) else c for c in (named if isinstance(named, tuple) else (named,))]
+        out = [get(c) if isinstance(c, str) else c for c in (named if isinstance(named, tuple) else (named,))]
+        wrong = [v.name for v in out if v.op != op]
+        if wrong:
+            raise ValueError(f"Kernels.{op} names {', '.join(wrong)}, which compute another operation")
+        return out
 
     def pick(self, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int | None = None) -> Pick:
         """The first variant for ``p.op`` that builds for compute capability ``cc`` and supports
-        ``p`` within ``smem_limit`` bytes of shared memory per block (None: the 48 KB every GPU
-        allows; `helpers.variants.Variant.supports`), with the reasons of those before it.
+        ``p`` within ``smem_limit`` bytes of shared memory per block (None: what
+        `helpers.variants.Variant.supports` assumes: the GPU's opt-in limit where one is present,
+        else 48 KB), with the reasons of those before it.
 
         Raises:
-            ValueError: none of them runs ``p`` (every reason listed).
+            ValueError: none of them runs ``p`` (every reason listed); see `choices`.
         """
         refused = []
         for v in self.choices(p.op):
@@ -77,15 +105,24 @@ class Kernels:
 _PATHS: dict[tuple[str, str], Pick] = {}
 
 
-def paths() -> dict[tuple[str, str], Pick]:
+def paths(clear: bool = False) -> dict[tuple[str, str], Pick]:
     """(operation, problem name) -> the `Pick` of its last call: which kernel ran and why the
-    preferred ones did not (a copy)."""
-    return dict(_PATHS)
+    preferred ones did not (a copy); ``clear`` forgets them afterwards (e.g. between kernel sets)."""
+    out = dict(_PATHS)
+    if clear:
+        _PATHS.clear()
+    return out
 
 
-@functools.lru_cache(maxsize=1024)
+_PICKS: dict[tuple, Pick] = {}  # the picks so far: a training step asks for the same ones every step
+
+
 def _pick(kernels: Kernels, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int) -> Pick:
-    return kernels.pick(p, cc, smem_limit)
+    """`Kernels.pick`, cached by the variants' identities (a Variant holds dicts: not hashable)."""
+    key = (tuple((v.name, id(v)) for v in kernels.choices(p.op)), p, cc, smem_limit)
+    if key not in _PICKS:
+        _PICKS[key] = kernels.pick(p, cc, smem_limit)
+    return _PICKS[key]
 
 
 def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: str) -> Conv2dProblem:
@@ -113,13 +150,12 @@ def _launch(kernels: Kernels, p: Conv2dProblem, a: torch.Tensor, b: torch.Tensor
     synchronisation: the kernels queue on the default stream behind and before torch's ops. The
     pick and the plan are cached: from the second call of a layer on, only the tensors are checked."""
     with gpu.thread_context():  # autograd calls backward on a thread of its own
-        if a.is_cuda:
-            info = gpu.device_info()
-            pick = _pick(kernels, p, tuple(info.cc), info.smem_per_block_optin)
-        else:  # not on the GPU: prepare says what is wrong with the tensors
-            pick = Pick(kernels.choices(p.op)[0])
+        inputs = (p.from_logical(a), p.from_logical(b))
+        check_tensors(p, inputs)  # a tensor off the GPU is named before any kernel is picked
+        info = gpu.device_info()
+        pick = _pick(kernels, p, tuple(info.cc), info.smem_per_block_optin)
+        plan, out = prepare(pick.variant, p, *inputs, cache=True)
         _PATHS[(p.op, p.name)] = pick
-        plan, out = prepare(pick.variant, p, p.from_logical(a), p.from_logical(b), cache=True)
         plan()
     return p.to_logical(out)
 

@@ -2,7 +2,7 @@
 wgmma/TMA main loop with transposed (MN-major) operands and a deterministic split-K.
 
 * against the float64 reference (`helpers.check.check`: dw poisoned with NaN, the fp32 bound, a
-  bitwise repeat) on day 14's wgrad edge problems (tests/gpu/test_backward_gpu.py's EDGES: stride
+  bitwise repeat) on day 14's wgrad edge problems (helpers.suites.BACKWARD_EDGES: stride
   > filter, odd sizes with stride 2, padding >= R/2, dilations (1, 2) and (2, 1), C and K past the
   tiles, the stem, a strided 1x1, an even filter) and on its own (C and K off every tile, N > 1,
   non-square, several splits); fp16 and bf16, normal and integer inputs (bit-exact, where fp32
