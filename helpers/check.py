@@ -44,7 +44,8 @@ def check(
         target: a `helpers.variants.Plan` (of the plain operation), or a registered name or
             `helpers.variants.Variant` (its plan for ``problem`` is made once here).
         problem: the problem, with a variant; the variant must support it.
-        kind: "normal", "int" (small integers; bit-exact expected) or "cancel" (exact result 0),
+        kind: "normal", "int" (small integers; bit-exact expected, unless the variant's
+            `helpers.reference.ErrorModel` says its arithmetic rounds them) or "cancel" (exact result 0),
             see `Conv2dProblem.make_inputs`; by default (None) the series' verdict: "normal" and,
             wherever integer inputs are exact (`Conv2dProblem.supports_kind`), "int" too, which
             must pass both. The rounding bound alone cannot see a dropped or doubled filter tap
@@ -53,6 +54,8 @@ def check(
             the exact run sees any wrong term.
         seed: input seed.
         accum: accumulator precision for the bound ("fp32", "fp64"); default the variant's ``accum``.
+            A variant with an ``error_model`` is judged by that bound (`helpers.reference.compare`'s
+            ``model``) instead of the dot product's.
 
     Returns:
         One `CheckResult`; for the default verdict its ``kind`` is "normal+int" ("normal" past
@@ -98,7 +101,9 @@ def _check_kind(plan: Plan, kind: str, seed: int, accum: str | None, device: str
     torch.cuda.synchronize()
     repeat_ok = bitwise_equal(out1, out2)
     del out2
-    r = compare(problem, *inputs, out1, accum=accum, exact=(kind == "int"))
+    model = v.error_model  # a variant's own bound (day 20's Winograd), else the dot product's
+    exact = kind == "int" and (model is None or model.exact_on_integers(problem))
+    r = compare(problem, *inputs, out1, accum=accum, exact=exact, model=model)
     return judge(
         variant=v.name,
         problem=problem,

@@ -21,6 +21,12 @@ one gradient) — and the verdict (`judge`):
   output must equal the reference bit for bit;
 * a second launch must give bitwise the same output (a race shows up as a difference).
 
+A variant whose arithmetic is not the operation's dot products (day 20's Winograd: transforms
+before and after the channel sums, whose constants scale the rounding errors) brings its own
+element bound, an `ErrorModel`: its coefficient, its scale per band in place of
+``|op|(|a|, |b|)``, its floor, and whether integer inputs are still exact; `compare` and
+`helpers.check.check` use it in place of the dot product's (``model=``).
+
 Large problems are compared in bands (`_bands`), so a tensor of more than 2^31 elements needs no
 float64 copy of itself: fprop by images and output rows, dgrad by images and dx rows (each band
 reads the dy rows that reach it), wgrad by images and dy rows, whose partial dw sums are
@@ -30,6 +36,7 @@ accumulated in float64 before the comparison. `reference_epilogue` adds a fused 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -68,6 +75,31 @@ class CheckResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """A variant's own element-wise rounding bound, for an algorithm whose rounding errors are not
+    those of the operation's dot products (`Variant.error_model`; day 20's Winograd: its transforms'
+    constants multiply the errors, and an output's error depends on input pixels the direct sum
+    never reads). An element passes when ``|out − ref| <= coefficient · scale + floor``.
+
+    Attributes:
+        name: what the bound is, for messages (e.g. "Winograd F(4x4, 3x3)").
+        coefficient: (problem, accum) -> the factor (e.g. γ_k of the longest rounding chain).
+        scale: (problem, a4, b4, n0, n1, r0, r1) -> the nonnegative float64 tensor that replaces
+            ``|op|(|a|, |b|)`` on a band of `_bands` (images n0..n1, output rows r0..r1; the op's
+            inputs as logical NCHW/KCRS views, on their device), shaped as `reference_band`'s.
+        floor: (problem, accum) -> the absolute term (roundings in the subnormal range).
+        exact_on_integers: problem -> whether integer inputs (``kind="int"``) must still give the
+            exact result (transforms with non-dyadic constants round even integers).
+    """
+
+    name: str
+    coefficient: Callable[[Conv2dProblem, str], float]
+    scale: Callable[..., torch.Tensor]
+    floor: Callable[[Conv2dProblem, str], float]
+    exact_on_integers: Callable[[Conv2dProblem], bool]
 
 
 def _band_rows(problem: Conv2dProblem) -> int:
@@ -285,6 +317,7 @@ def compare(
     exact: bool = False,
     max_elems: int = 2**26,
     expected: tuple[torch.Tensor, torch.Tensor] | None = None,
+    model: ErrorModel | None = None,
 ) -> dict:
     """Compare the op's output ``out`` with its float64 reference, band by band (`_bands`).
 
@@ -297,6 +330,8 @@ def compare(
         max_elems: about how many elements of the inputs and output one band may upcast.
         expected: the whole reference and its scale from `expected` (same problem and inputs),
             instead of computing them band by band.
+        model: the variant's own bound (`ErrorModel`; fprop only), in place of the dot product's:
+            its coefficient and floor, and its scale computed band by band.
 
     The element bound is ``(gamma_n + u_out) · |op|(|a|, |b|)`` with n =
     `Conv2dProblem.reduction_length` (vacuous, i.e. infinite, once n·u ≥ 1: then only NaN/Inf
@@ -309,15 +344,25 @@ def compare(
         ``exact_equal`` (None unless ``exact``).
 
     Raises:
-        ValueError: ``out`` (or an input) does not have the problem's shape (it would broadcast).
+        ValueError: ``out`` (or an input) does not have the problem's shape (it would broadcast);
+            a ``model`` with ``expected`` or for another operation than fprop.
     """
     p = problem
     if tuple(out.shape) != p.output_shape:
         raise ValueError(f"{p.output} must have shape {p.output_shape} ({p.layout}); got {tuple(out.shape)}")
     _check_inputs(p, a, b)
-    tally = _Tally(bound_coefficient(p, accum), bound_floor(p, accum), exact)
+    if model is not None and (expected is not None or p.op != "fprop"):
+        raise ValueError(f"an error model ({model.name}) scales fprop bands itself: no `expected`, no {p.op}")
+    if model is None:
+        tally = _Tally(bound_coefficient(p, accum), bound_floor(p, accum), exact)
+    else:
+        tally = _Tally(model.coefficient(p, accum), model.floor(p, accum), exact)
     a4, b4, o4 = p.to_logical(a), p.to_logical(b), p.to_logical(out)
-    if expected is not None:
+    if model is not None:
+        for n0, n1, r0, r1 in _bands(p, max_elems):
+            ref = reference_band(p, a4, b4, n0, n1, r0, r1)
+            tally.add(o4[n0:n1, :, r0:r1], ref, model.scale(p, a4, b4, n0, n1, r0, r1))
+    elif expected is not None:
         tally.add(o4, *expected)
     elif p.op == "wgrad":
         ref = torch.zeros(o4.shape, dtype=torch.float64, device=a.device)

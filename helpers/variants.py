@@ -24,6 +24,8 @@ A `Variant` ties a ``.cu`` file to plain functions of the problem:
 * ``workspace_fn(problem[, config])``: the scratch bytes one run needs;
 * ``tensor_check_fn(problem, tensors, epilogue[, config])``: what the tensors themselves must
   satisfy (e.g. 16-byte aligned pointers for vector loads);
+* ``error_model``: a `helpers.reference.ErrorModel`, for a variant whose rounding is not the
+  operation's dot products' (day 20's Winograd), by which `helpers.check` judges it;
 
 and declares what it takes: the operation (``op``), dtypes and layouts, the epilogue operands it
 reads (``operands``) and whether it fuses an `helpers.epilogue.Epilogue`, and its build target
@@ -136,6 +138,10 @@ class Variant:
     config_fn: Callable[[Conv2dProblem], object] | None = None
     defines: dict = field(default_factory=dict)
     accum: str = "fp32"  # accumulator precision, for the error bound in `helpers.check`
+    # The variant's own rounding bound where its arithmetic is not the operation's dot products
+    # (day 20's Winograd transforms): a `helpers.reference.ErrorModel`, which the record keeps and
+    # `helpers.check` reads; None: the dot product's bound.
+    error_model: object | None = None
     op: str = "fprop"
     dtypes: tuple[str, ...] = ("fp32",)
     layouts: tuple[str, ...] = ("NCHW",)

@@ -78,7 +78,7 @@ def test_check_passes(v, p, kind: str):
     assert r.ok, f"{v.name} on {p.name} ({kind}): {r.reason}"
     assert r.nonfinite == 0 and r.repeat_bitwise
     assert r.worst_err_over_bound <= 1 and math.isfinite(r.rel_l2)
-    if kind == "int":
+    if kind == "int" and (v.error_model is None or v.error_model.exact_on_integers(p)):  # F(4, 3) rounds them
         assert r.exact is True, f"{v.name} on {p.name}: integer inputs but not bit-exact"
     if is_big(p):
         torch.cuda.empty_cache()
