@@ -11,6 +11,9 @@ falling back to 13 and 14 layer by layer) and for torch (cuDNN):
 * the time of one forward + backward at N = ``--batch`` on 56 x 56 images (day 14's timing):
   `helpers.timing.time_gpu` (CUDA events, warm-up, L2 flushed before each repetition, median
   with p20 / p80), in the same process, so the ratios compare like with like;
+* the host's time to enqueue that forward + backward (`host_ms`: `HOST_STEPS` of them back to
+  back, timed with ``time.perf_counter`` without synchronising): where it exceeds the GPU's time,
+  the step is host-bound and the GPU waits for Python;
 * the loss of ``--steps`` SGD steps on day 14's 28 x 28 batch of 8, against torch's on the same
   network (the largest relative difference; day 14's tolerance is 1e-2);
 * which kernel ran for each layer and why a preferred one did not (`train.paths`).
@@ -24,11 +27,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CSV_NAME = "train_step.csv"
 TRAIN_TOL = 1e-2  # day 14's: each convolution differs from cuDNN's by its own fp16 rounding
+HOST_STEPS = 5  # steps `host_ms` enqueues back to back: a few hundred launches, short of the GPU's launch queue
 
 
 def kernel_sets(cc: tuple[int, int]) -> dict:
@@ -41,6 +46,22 @@ def kernel_sets(cc: tuple[int, int]) -> dict:
     if tuple(cc) == tuple(HOPPER_CC):
         sets["days 16-19 (Hopper)"] = HOPPER_KERNELS
     return sets
+
+
+def host_ms(step, steps: int = HOST_STEPS) -> float:
+    """Host milliseconds to enqueue one call of ``step`` (GPU work that does not synchronise):
+    after one call and a synchronisation, ``steps`` calls back to back timed with
+    ``time.perf_counter``, without synchronising, then a synchronisation outside the time."""
+    import torch
+
+    step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / steps * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return step
 
     rows, bad = [], []
-    ref_t = None
+    ref_t = ref_host = None
     train.paths(clear=True)
     for name, kernels in kernel_sets(info.cc).items():
         ours, ref = train.make_pair(16, 64, 32, 2, kernels=kernels)
@@ -93,16 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         ours_b, ref_b = train.make_pair(16, 64, 32, 2, kernels=kernels)
         t = time_gpu(fwd_bwd(ours_b), target_ms=100)
         ref_t = ref_t or time_gpu(fwd_bwd(ref_b), target_ms=100)
+        host = host_ms(fwd_bwd(ours_b))
+        ref_host = ref_host if ref_host is not None else host_ms(fwd_bwd(ref_b))
         taken = train.paths(clear=True)  # this set's calls only
         ran = sorted({(op, pick.variant.name) for (op, _), pick in taken.items()})
         rows.append({"kernels": name, "ms_p50": t.ms_p50, "ms_p20": t.ms_p20, "ms_p80": t.ms_p80,
                      "torch_ms_p50": ref_t.ms_p50, "x_torch": ref_t.ms_p50 / t.ms_p50,
+                     "host_ms": host, "torch_host_ms": ref_host,
                      "loss_max_rel_diff": diff, "ran": "; ".join(f"{op}: {v}" for op, v in ran)})
         for (op, layer), pick in sorted(taken.items()):
             print(f"  {name}: {op} {layer}: {pick}")
         print(f"{name}: forward + backward at N = {args.batch}: {t.ms_p50:.3f} ms (p20 {t.ms_p20:.3f}, p80 "
-              f"{t.ms_p80:.3f}); torch {ref_t.ms_p50:.3f} ms; x torch {ref_t.ms_p50 / t.ms_p50:.3f}; losses within "
-              f"{diff:.2g} of torch's", flush=True)
+              f"{t.ms_p80:.3f}); torch {ref_t.ms_p50:.3f} ms; x torch {ref_t.ms_p50 / t.ms_p50:.3f}; host "
+              f"{host:.3f} ms to enqueue (torch {ref_host:.3f}); losses within {diff:.2g} of torch's", flush=True)
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     meta = {**gpu.versions(), "batch": args.batch, "steps": args.steps, "date": today}
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])

@@ -235,7 +235,7 @@ def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
         lib.cuModuleUnload(mod)
 
 
-_hashes: dict = {}  # kernel path -> (its include closure's `_signature`, its source_hash)
+_hashes: dict = {}  # (KERNEL_DIR, kernel file name) -> (its include closure's `_signature`, its source_hash)
 
 
 def _signature(paths) -> tuple:
@@ -266,12 +266,12 @@ def source_hash(cu_file: str) -> str:
     (``#include "..."``): what a compiled module, a plan or a tuned choice of this kernel depends
     on, and the key of every such cache.
 
-    Memoised per file: a call costs a ``stat`` per file of the closure, and the files are read
-    and hashed again when any of them changed (`_signature`, taken before and after the read, so
-    an edit during the read is never stored with the old text).
+    Memoised per file: a call costs a ``stat`` per file of the closure (a few microseconds each:
+    `helpers.launch.prepare` asks on every call, so that an edited kernel is built again), and
+    the files are read and hashed again when any of them changed (`_signature`, taken before and
+    after the read, so an edit during the read is never stored with the old text).
     """
-    top = str(KERNEL_DIR / cu_file)
-    memo = _hashes.get(top)
+    memo = _hashes.get((KERNEL_DIR, cu_file))
     if memo is not None:
         try:
             if _signature(entry[0] for entry in memo[0]) == memo[0]:
@@ -285,7 +285,7 @@ def source_hash(cu_file: str) -> str:
         if _signature(str(p) for p in sorted(files)) == before:
             break
     digest = hashlib.sha256(text).hexdigest()
-    _hashes[top] = (before, digest)
+    _hashes[KERNEL_DIR, cu_file] = (before, digest)
     return digest
 
 

@@ -7,10 +7,17 @@ once (the problem, the tensors and operands by name, aliasing, the device), comp
 once (kept in the plan) and returns a `Prepared` run of it. With ``cache=True`` it keeps the plan
 for the next call with the same variant, problem, epilogue and device, which then only checks its
 tensors and binds their pointers. `run` prepares, poisons the output with NaN and launches once.
+
+Each launch is one call of pycuda's ``Function._launch_kernel`` on a parameter buffer packed as
+pycuda packs it (`param_buffer`), once per distinct set of tensor addresses (`Launcher`): a
+training step, whose tensors come back at the same addresses step after step, pays for the
+packing, and for encoding its tensor maps (`helpers.tma.encode`), on its first step only.
 """
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +31,7 @@ from .epilogue import OPERANDS, PLAIN, Epilogue, check_scalars, operand_shape
 from .problem import Conv2dProblem
 from .tma import TensorMap, kernel_args
 from .tma import encode as encode_map
-from .variants import Buffer, KernelLaunch, LaunchConfig, Plan, UnsupportedProblem, Variant, as_plan, get
+from .variants import Buffer, KernelLaunch, Plan, UnsupportedProblem, Variant, as_plan, get
 
 # ---- validation ------------------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ def sources_key(plan: Plan) -> tuple[str, ...]:
     return tuple(hc.source_hash(f) for f in plan.sources)
 
 
-def compiled(plan: Plan, device: torch.device, arch: str) -> list[tuple[KernelLaunch, object]]:
+def compiled(plan: Plan, device: torch.device, arch: str) -> list[Launcher]:
     """The plan's kernels built for ``arch`` (`compile_launches`), kept in the plan by device,
     arch and the `helpers.compile.source_hash` of each kernel file its launches are built from
     (`helpers.variants.Plan.sources`, in order): an edit to any of them builds again.
@@ -237,19 +244,11 @@ class Prepared:
             f()
 
 
-def _launcher(fn, args: tuple, cfg: LaunchConfig) -> Callable[[], None]:
-    def launch() -> None:
-        fn(*args, grid=cfg.grid, block=cfg.block, shared=cfg.shared_bytes)
-
-    return launch
-
-
-def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[tuple[KernelLaunch, object]]:
+def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> list[Launcher]:
     """Build every launch's kernel of ``v`` for ``arch`` (cached), each from its kernel file
-    (`helpers.variants.KernelLaunch.source`: the variant's unless the launch names one):
-    ``[(launch, launcher)]``, the launcher the pycuda function, or for a launch that passes a
-    `helpers.tma.TensorMap` the function behind `_MapLauncher`, which places the arguments where
-    the driver expects them.
+    (`helpers.variants.KernelLaunch.source`: the variant's unless the launch names one), as a
+    `Launcher` each, in order; for a launch that passes a `helpers.tma.TensorMap`, with the
+    driver's offset of each parameter (`helpers.tma.kernel_args` places the arguments there).
 
     Raises:
         UnsupportedProblem: a block larger than the compiled kernel allows.
@@ -264,55 +263,115 @@ def compile_launches(v: Variant, launches: list[KernelLaunch], arch: str) -> lis
                 f"{v.name} ({k.name} kernel): block of {k.config.threads_per_block} threads, but this build "
                 f"allows {kern.max_threads_per_block} (registers: {kern.num_regs})"
             )
-        out.append((k, _MapLauncher(kern.function, kern.param_offsets) if maps else kern.function))
+        out.append(Launcher(k, kern.function, kern.param_offsets))
     return out
 
 
-@dataclass(frozen=True)
-class _MapLauncher:
-    """A pycuda function whose arguments include tensor maps (`helpers.tma.MapBytes`): each call
-    lays them out at the driver's parameter offsets (`helpers.tma.kernel_args`) first."""
+def param_buffer(args: tuple, offsets: tuple | None = None) -> bytes:
+    """The parameter buffer of a launch on ``args``, byte for byte as pycuda's ``Function.__call__``
+    packs it (``_build_arg_buf``): each numpy scalar in turn at its natural alignment (``struct``'s
+    native packing of its dtype's character: pycuda's ``_pvt_struct`` is a copy of ``struct``),
+    an ``np.void`` as its bytes, unaligned. With ``offsets`` (a launch that passes tensor maps),
+    `helpers.tma.kernel_args` first places the arguments at the driver's offsets.
 
+    Raises:
+        TypeError: an argument that is not a numpy number or ``np.void`` (with ``offsets``, or a
+            `helpers.tma.MapBytes`).
+        ValueError: see `helpers.tma.kernel_args`.
+    """
+    if offsets is not None:
+        args = kernel_args(args, offsets)
+    fmt, values = "", []
+    for i, a in enumerate(args):
+        if isinstance(a, np.void):
+            fmt, value = fmt + f"{a.itemsize}s", a.tobytes()
+        elif isinstance(a, np.number):
+            fmt, value = fmt + a.dtype.char, a
+        else:
+            raise TypeError(f"parameter {i}: kernel arguments are numpy scalars; got {type(a).__name__}")
+        values.append(value)
+    return struct.pack(fmt, *values)
+
+
+BUFFERS_KEPT = 64  # parameter buffers a `Launcher` keeps; past that it forgets them all and packs again
+
+
+@dataclass(eq=False)
+class Launcher:
+    """One launch of a plan with its built kernel (`compile_launches`): ``function`` is the pycuda
+    ``Function``, ``offsets`` the driver's offset of each parameter for a launch that passes a
+    tensor map (None otherwise).
+
+    `bound` packs the launch's parameter buffer (`param_buffer`) for the addresses of the tensors
+    it passes (`addresses`) and keeps it by them in ``buffers``, up to `BUFFERS_KEPT`: a training
+    step passes the same few addresses step after step (torch's caching allocator), so each of its
+    launches is packed once, and a launch is one call of pycuda's ``Function._launch_kernel``
+    (where ``Function.__call__`` and ``prepared_call`` end: ``cuLaunchKernel`` on the buffer).
+    """
+
+    launch: KernelLaunch
     function: object
-    offsets: tuple
+    offsets: tuple | None = None
+    buffers: dict = field(default_factory=dict, repr=False)
+    refs: tuple = field(init=False, repr=False)  # the `Buffer` and `helpers.tma.TensorMap` arguments, in order
 
-    def __call__(self, *args, **launch) -> None:
-        self.function(*kernel_args(args, self.offsets), **launch)
+    def __post_init__(self):
+        self.refs = tuple(a for a in self.launch.args if isinstance(a, (Buffer, TensorMap)))
+
+    def addresses(self, tensors: dict) -> tuple[int, ...]:
+        """The address each `Buffer` and `helpers.tma.TensorMap` argument passes, in order: the
+        named tensor's pointer plus the argument's ``offset`` (0 for an operand passed as None).
+        Raises what `bind` documents."""
+        k, out = self.launch, []
+        for a in self.refs:
+            if a.name not in tensors:
+                raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
+                                 f"{', '.join(tensors)}")
+            t = tensors[a.name]
+            if a.offset and (t is None or not 0 <= a.offset < t.numel() * t.element_size()):
+                raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
+                                 "outside the tensor")
+            if t is None and isinstance(a, TensorMap):
+                raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
+            out.append(0 if t is None else t.data_ptr() + a.offset)
+        return tuple(out)
+
+    def arguments(self, addresses: tuple) -> tuple:
+        """The launch's arguments as pycuda takes them, at ``addresses`` (`addresses`): a buffer's
+        pointer as ``np.uintp``, a map encoded at its address (`helpers.tma.encode`), the scalars
+        as they are.
+
+        Raises:
+            ValueError, RuntimeError: a map the driver's limits or the driver refuse.
+        """
+        at = iter(addresses)
+        return tuple(encode_map(a.desc, next(at)) if isinstance(a, TensorMap)
+                     else np.uintp(next(at)) if isinstance(a, Buffer) else a for a in self.launch.args)
+
+    def bound(self, addresses: tuple) -> Callable[[], None]:
+        """A closure launching this kernel once at ``addresses`` (`arguments`), on the default
+        stream, with the launch's grid, block and dynamic shared memory."""
+        buf = self.buffers.get(addresses)
+        if buf is None:
+            if len(self.buffers) >= BUFFERS_KEPT:
+                self.buffers.clear()
+            buf = self.buffers[addresses] = param_buffer(self.arguments(addresses), self.offsets)
+        cfg = self.launch.config
+        return functools.partial(self.function._launch_kernel, cfg.grid, cfg.block, buf, cfg.shared_bytes, None)
 
 
-def bind(compiled: list[tuple[KernelLaunch, object]], tensors: dict) -> dict[str, Callable[[], None]]:
-    """{launch name: closure launching it}: each `Buffer` argument becomes the named tensor's
-    pointer plus its ``offset`` (0 for an operand passed as None), each `helpers.tma.TensorMap`
-    the map encoded for the named tensor's address plus its ``offset`` (`helpers.tma.encode`).
+def bind(compiled: list[Launcher], tensors: dict) -> dict[str, Callable[[], None]]:
+    """{launch name: closure launching it} (`Launcher.bound`): each `Buffer` argument becomes the
+    named tensor's pointer plus its ``offset`` (0 for an operand passed as None), each
+    `helpers.tma.TensorMap` the map encoded for the named tensor's address plus its ``offset``
+    (`helpers.tma.encode`).
 
     Raises:
         ValueError: a launch names a buffer that is not among ``tensors`` (or is None, for a
             map), an offset outside the tensor's bytes, or a map the driver's limits refuse.
         RuntimeError: the driver refused to encode a map.
     """
-    out = {}
-    for k, fn in compiled:
-        args = []
-        for a in k.args:
-            if isinstance(a, (Buffer, TensorMap)):
-                if a.name not in tensors:
-                    raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r}; this run has: "
-                                     f"{', '.join(tensors)}")
-                t = tensors[a.name]
-            if isinstance(a, (Buffer, TensorMap)) and a.offset and (
-                    t is None or not 0 <= a.offset < t.numel() * t.element_size()):
-                raise ValueError(f"the {k.name} kernel ({k.entry}) passes {a.name!r} at byte {a.offset}, "
-                                 "outside the tensor")
-            if isinstance(a, TensorMap):
-                if t is None:
-                    raise ValueError(f"the {k.name} kernel ({k.entry}) maps {a.name!r}, which this run passes as None")
-                args.append(encode_map(a.desc, t.data_ptr() + a.offset))
-            elif isinstance(a, Buffer):
-                args.append(np.uintp(t.data_ptr() + a.offset if t is not None else 0))
-            else:
-                args.append(a)
-        out[k.name] = _launcher(fn, tuple(args), k.config)
-    return out
+    return {b.launch.name: b.bound(b.addresses(tensors)) for b in compiled}
 
 
 def prepare(
@@ -337,9 +396,10 @@ def prepare(
             plan, its own (None, or the same).
         cache: with a variant: keep its plan for the next call with the same variant object,
             problem, epilogue and device, so that call only checks its tensors and binds their
-            pointers (what a model's training step wants: the same layers every step). A
-            module-level knob that a variant's launches read is read when the plan is first
-            made: `clear_plans` forgets the plans.
+            pointers (what a model's training step wants: the same layers every step): the
+            plan's refusals and kernels are kept in it, and the kernels' parameter buffers by
+            the tensors' addresses (`Launcher`). A module-level knob that a variant's launches
+            read is read when the plan is first made: `clear_plans` forgets the plans.
         operands: the epilogue operands by name (``cin``, ``bias``; the variant's ``operands``);
             ``cin`` may be ``out`` itself (an in-place update).
 
@@ -348,7 +408,10 @@ def prepare(
     (`_check_call`, on every call), the variant's ``review_fn`` if it has one (which may answer
     with another configuration, whose plan is checked the same way), the launches' own limits,
     this GPU's limits and build target, the current stream; then the kernels are built (once
-    per plan and GPU) and bound.
+    per plan, GPU and version of their kernel files: `compiled`) and bound. On a kept plan every
+    step is still taken in this order, the refusals and the build answered from the plan
+    (`helpers.variants.Plan.refusal`, `compiled`); the tensors, the review and the stream are
+    checked again on every call.
 
     Raises:
         TypeError, ValueError: see `check_tensors` and `check_operands`; ValueError also for

@@ -35,6 +35,7 @@ LAYOUTS = ("NCHW", "NHWC")
 OPS = ("fprop", "dgrad", "wgrad")
 _INPUTS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("x", "dy")}
 _OUTPUT = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
+_SHAPE_OF = {"x": "x_shape", "dx": "x_shape", "w": "w_shape", "dw": "w_shape", "y": "y_shape", "dy": "y_shape"}
 KINDS = ("normal", "int", "cancel")
 # kind="int": the largest magnitude of each input, in `Conv2dProblem.inputs` order; inputs are
 # drawn uniformly from the integers in [-m, m].
@@ -236,11 +237,9 @@ class Conv2dProblem:
         Raises:
             ValueError: an unknown name (accepted: x, w, y, dx, dw, dy).
         """
-        shapes = {"x": self.x_shape, "dx": self.x_shape, "w": self.w_shape, "dw": self.w_shape,
-                  "y": self.y_shape, "dy": self.y_shape}
-        if name not in shapes:
-            raise ValueError(f"no tensor {name!r} in a conv2d problem; known: {', '.join(shapes)}")
-        return shapes[name]
+        if name not in _SHAPE_OF:
+            raise ValueError(f"no tensor {name!r} in a conv2d problem; known: {', '.join(_SHAPE_OF)}")
+        return getattr(self, _SHAPE_OF[name])
 
     @property
     def input_shapes(self) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:

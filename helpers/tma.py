@@ -32,6 +32,7 @@ cuTensorMapEncodeIm2col: every limit `reason` checks is from there) and the PTX 
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,7 @@ MAX_BOX = 256  # each box dimension (tiled), channels per pixel and pixels per c
 # filter offsets are unsigned and of the same width (16, 8, 5 bits).
 CORNER_RANGE = {3: (-(2**15), 2**15 - 1), 4: (-(2**7), 2**7 - 1), 5: (-(2**4), 2**4 - 1)}
 OFFSET_LIMIT = {3: 2**16, 4: 2**8, 5: 2**5}
+MAPS_KEPT = 4096  # encoded maps `encode` keeps, by (description, address), the most recently used
 
 
 def _common_reason(dtype: str, dims: tuple, strides: tuple, address: int | None, swizzle: int) -> str | None:
@@ -65,6 +67,13 @@ def _common_reason(dtype: str, dims: tuple, strides: tuple, address: int | None,
     if swizzle not in SWIZZLES:
         return f"swizzle {swizzle}: one of {sorted(SWIZZLES)} bytes"
     return None
+
+
+def _as_tuples(desc, names: tuple[str, ...]) -> None:
+    """Store each of ``desc``'s fields ``names`` as a tuple (a list given is converted), so that a
+    map description is hashable: `encode` keeps maps by it."""
+    for nm in names:
+        object.__setattr__(desc, nm, tuple(getattr(desc, nm)))
 
 
 def _inner_reason(inner_elems: int, dtype: str, swizzle: int) -> str | None:
@@ -98,6 +107,9 @@ class TiledMap:
     box: tuple
     swizzle: int = 128
     nan_fill: bool = False
+
+    def __post_init__(self):
+        _as_tuples(self, ("dims", "strides", "box"))
 
     @property
     def box_bytes(self) -> int:
@@ -146,6 +158,9 @@ class Im2colMap:
     element_strides: tuple = (1, 1, 1, 1)
     swizzle: int = 128
     nan_fill: bool = False
+
+    def __post_init__(self):
+        _as_tuples(self, ("dims", "strides", "lower", "upper", "element_strides"))
 
     @property
     def box_bytes(self) -> int:
@@ -270,11 +285,17 @@ def _array(ctype, values):
     return (ctype * len(values))(*values)
 
 
+@functools.lru_cache(maxsize=MAPS_KEPT)
 def encode(desc: TiledMap | Im2colMap, address: int) -> MapBytes:
     """Encode ``desc`` for the tensor at device address ``address`` with the CUDA driver.
 
     The driver writes the map into a host buffer that must be 64-byte aligned: one of 192 bytes
     is allocated and the first aligned 128 of it used.
+
+    Kept by (``desc``, ``address``), the `MAPS_KEPT` most recently used (the descriptions are
+    frozen and the bytes immutable): a training step maps the same tensors at the same addresses
+    step after step (torch's caching allocator), and asks the driver once. A new address is
+    checked (``desc.reason``) and encoded; a refusal is not kept.
 
     Raises:
         ValueError: ``desc.reason(address)`` is not None (the message is the reason).

@@ -308,6 +308,7 @@ class Plan:
     compiled: dict = field(default_factory=dict, repr=False)
     _launches: tuple | None = field(default=None, repr=False)
     _workspace: int | None = field(default=None, repr=False)
+    _refusals: dict = field(default_factory=dict, repr=False)
 
     def ask(self, fn: Callable, *args):
         """``fn(problem, *args[, config])``: one of the variant's functions, about this plan's problem."""
@@ -366,12 +367,21 @@ class Plan:
         ``smem_limit`` is the shared memory a block may have, in bytes; by default the current
         GPU's opt-in limit (what `helpers.launch.prepare` uses), or without a GPU
         `DEFAULT_SMEM_LIMIT` (48 KB, what every GPU allows), which a refusal then names as assumed.
+        The answer is kept by limit and ``cc`` (a plan does not change): `helpers.launch.prepare`
+        asks twice on every call.
         """
         if self.reason is not None:
             return self.reason
         assumed = ""
         if smem_limit is None:
             smem_limit, assumed = _default_smem_limit()
+        key = (smem_limit, assumed, None if cc is None else tuple(cc))
+        if key not in self._refusals:
+            self._refusals[key] = self._launch_refusal(smem_limit, assumed, cc)
+        return self._refusals[key]
+
+    def _launch_refusal(self, smem_limit: int, assumed: str, cc: tuple[int, int] | None) -> str | None:
+        """`refusal`'s work past ``reason``: the launches against the CUDA limits, then the build target."""
         name = self.variant.name
         for k in self.launches:
             who = name if len(self.launches) == 1 else f"{name} ({k.name} kernel)"

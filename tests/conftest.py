@@ -119,6 +119,76 @@ def misaligned():
     return make
 
 
+class RecordingKernel:
+    """A stand-in for a built kernel (a pycuda ``Function``) on the CPU: each launch of it, the call
+    of ``_launch_kernel`` that `helpers.launch.Launcher` makes, is appended to ``calls`` as
+    ``(entry, parameter buffer, grid, block, shared bytes)`` (the stream must be None: the default)."""
+
+    def __init__(self, entry: str, calls: list):
+        self.entry, self.calls = entry, calls
+
+    def _launch_kernel(self, grid, block, buf, shared, stream):
+        assert stream is None and isinstance(buf, bytes), (stream, type(buf))
+        self.calls.append((self.entry, buf, grid, block, shared))
+
+
+def packed_like_pycuda(args) -> bytes:
+    """The parameter buffer pycuda's ``Function.__call__`` packs for ``args`` (``_build_arg_buf``:
+    a numpy number at its type's natural alignment, an ``np.void``'s bytes unaligned, back to back
+    from offset 0), written again with numpy alone to check `helpers.launch.param_buffer` against."""
+    import numpy as np
+
+    out = bytearray()
+    for a in args:
+        if isinstance(a, np.void):
+            out += a.tobytes()
+        else:
+            assert isinstance(a, np.number), type(a)
+            out += bytes(-len(out) % a.dtype.alignment) + a.tobytes()
+    return bytes(out)
+
+
+# The variants of both kernel sets benchmarks.train_step times: days 13-14 and days 16, 18, 19.
+TRAIN_VARIANTS = ("igemm_production", "dgrad", "wgrad", "igemm_wgmma", "dgrad_wgmma", "wgrad_wgmma")
+
+
+def train_layers(n: int = 64, size: int = 56) -> list:
+    """The convolutions of `days.day14_backward.train.make_pair(16, 64, 32, 2)` on a batch of ``n``
+    images of ``size`` x ``size`` (benchmarks.train_step's), each once: the stem (3x3, 16 -> 64),
+    block 1 (1x1 64 -> 32 stride 2, 3x3 32 -> 32, 1x1 32 -> 128, the 1x1 64 -> 128 stride-2
+    shortcut) and block 2's first 1x1 (128 -> 32; its others are block 1's): fprop problems."""
+    from helpers.problem import Conv2dProblem
+
+    half = size // 2
+    shapes = [dict(C=16, H=size, K=64, R=3, padding=1), dict(C=64, H=size, K=32, R=1, stride=2),
+              dict(C=32, H=half, K=32, R=3, padding=1), dict(C=32, H=half, K=128, R=1),
+              dict(C=64, H=size, K=128, R=1, stride=2), dict(C=128, H=half, K=32, R=1)]
+    return [Conv2dProblem(N=n, W=s["H"], S=s["R"], dtype="fp16", layout="NHWC", **s) for s in shapes]
+
+
+def driver_like_offsets(args: tuple) -> tuple[int, ...]:
+    """Parameter offsets like the H200's driver reports them for a launch's arguments (`Buffer`,
+    `TensorMap`, `MapBytes` and numpy scalars): each scalar and pointer at its natural
+    alignment, each tensor map 64-byte aligned in a parameter space that starts 16 bytes into a
+    line (offsets of 48 modulo 64, past the first 64 bytes: 112 for a first map)."""
+    import numpy as np
+
+    from helpers.tma import MAP_BYTES, MapBytes, TensorMap
+    from helpers.variants import Buffer
+
+    out, end = [], 0
+    for a in args:
+        if isinstance(a, (TensorMap, MapBytes)):
+            at = max(end, 64) + (48 - max(end, 64)) % 64
+            size = MAP_BYTES
+        else:
+            a = np.uintp(0) if isinstance(a, Buffer) else a  # a pointer
+            at, size = end + (-end % a.dtype.alignment), a.itemsize
+        out.append(at)
+        end = at + size
+    return tuple(out)
+
+
 def _skip_reason(report) -> str:
     """A skipped test's reason (pytest keeps it as ``(path, line, "Skipped: reason")``), cut at 100
     characters so that one kind of skip is one line."""

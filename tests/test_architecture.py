@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingKernel, packed_like_pycuda
 
 import days
 from days import kit
 from helpers.epilogue import PLAIN, Epilogue
-from helpers.launch import bind
+from helpers.launch import Launcher, bind
 from helpers.problem import Conv2dProblem
 from helpers.variants import DAYS_PACKAGE, Buffer, KernelLaunch, LaunchConfig, Variant, get
 
@@ -483,24 +484,21 @@ def test_a_launch_names_its_own_kernel_file_or_takes_the_variants():
 
 def test_bind_resolves_buffers_by_name_and_passes_none_as_null():
     calls = []
-
-    def fake_kernel(*args, grid, block, shared):
-        calls.append((args, grid, block, shared))
-
     cfg = LaunchConfig((2, 1, 1), (64, 1, 1), 128)
     k1 = KernelLaunch("first", "e1", cfg, (Buffer("x"), Buffer("workspace"), np.int32(7)))
     k2 = KernelLaunch("second", "e2", cfg, (Buffer("workspace"), Buffer("cin"), Buffer("y")))
     x, ws, y = torch.zeros(4), torch.zeros(8, dtype=torch.uint8), torch.zeros(2)
-    kernels = bind([(k1, fake_kernel), (k2, fake_kernel)], {"x": x, "workspace": ws, "y": y, "cin": None})
+    compiled = [Launcher(k1, RecordingKernel("e1", calls)), Launcher(k2, RecordingKernel("e2", calls))]
+    kernels = bind(compiled, {"x": x, "workspace": ws, "y": y, "cin": None})
     assert list(kernels) == ["first", "second"]
     kernels["second"]()
     kernels["first"]()
-    (a2, *_), (a1, grid, block, shared) = calls
-    assert [int(a) for a in a1] == [x.data_ptr(), ws.data_ptr(), 7]
+    (_, b2, *_), (_, b1, grid, block, shared) = calls
+    assert b1 == packed_like_pycuda((np.uintp(x.data_ptr()), np.uintp(ws.data_ptr()), np.int32(7)))
     assert (grid, block, shared) == ((2, 1, 1), (64, 1, 1), 128)
-    assert [int(a) for a in a2] == [ws.data_ptr(), 0, y.data_ptr()]
+    assert b2 == packed_like_pycuda((np.uintp(ws.data_ptr()), np.uintp(0), np.uintp(y.data_ptr())))
     with pytest.raises(ValueError, match="passes 'bias'"):
-        bind([(KernelLaunch("k", "e", cfg, (Buffer("bias"),)), fake_kernel)], {"x": x})
+        bind([Launcher(KernelLaunch("k", "e", cfg, (Buffer("bias"),)), RecordingKernel("e", calls))], {"x": x})
 
 
 def test_epilogue_is_plain_by_default():

@@ -365,3 +365,19 @@ def test_train_step_kernel_sets_by_gpu():
     assert list(kernel_sets((9, 0))) == ["days 13-14", "days 16-19 (Hopper)"]
     assert kernel_sets((9, 0))["days 16-19 (Hopper)"] == HOPPER_KERNELS
     assert list(kernel_sets((12, 0))) == ["days 13-14"]
+
+
+def test_train_step_host_time_enqueues_without_synchronising(monkeypatch):
+    """`host_ms`: one call and a synchronisation, then `HOST_STEPS` calls timed back to back with no
+    synchronisation among them, then one outside the time; milliseconds per call."""
+    import time
+
+    import torch
+
+    from benchmarks.train_step import HOST_STEPS, host_ms
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    ms = host_ms(lambda: events.append("step") or time.sleep(0.002))
+    assert events == ["step", "sync", *["step"] * HOST_STEPS, "sync"]
+    assert 2.0 <= ms < 1000

@@ -16,13 +16,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingKernel, packed_like_pycuda
 
 from helpers import compile as hc
 from helpers import gpu
 from helpers.launch import check_tensors, prepare, run
 from helpers.problem import Conv2dProblem
 from helpers.suites import edge, is_big, quick
-from helpers.tma import MAP_BYTES, MapBytes, TensorMap
+from helpers.tma import MapBytes, TensorMap, kernel_args
 from helpers.variants import MAX_GRID, MAX_THREADS_PER_BLOCK, Buffer, UnsupportedProblem, all_variants, get
 
 VARIANTS = all_variants()
@@ -338,10 +339,14 @@ def fake_map(desc, address: int) -> MapBytes:
     return MapBytes(f"{hash(desc) & 0xFFFFFFFF:08x}{address:016x}".encode().ljust(128, b"."))
 
 
+STAND_IN_OFFSETS = tuple(112 + 128 * i for i in range(64))  # the stand-in driver's: room for any parameter
+
+
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     """CPU tensors pass the device check, the device is an H200 (sm_90) on the default stream, and
-    `load_kernel` returns a recorder for each entry: `prepare` runs every other step for real."""
+    `load_kernel` returns a recorder for each entry (`conftest.RecordingKernel`: each launch's
+    entry, parameter buffer, grid, block and shared bytes): `prepare` runs every other step for real."""
     from helpers import launch as hl
 
     real_check = hl.check_tensors
@@ -357,13 +362,9 @@ def stand_in_gpu(monkeypatch):
 
     def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
-
-        def fn(*args, grid, block, shared):
-            calls.append((entry, args, grid, block, shared))
-
-        offsets = tuple(112 + 128 * i for i in range(params)) if params else None  # room for any parameter
-        return hc.CompiledKernel(function=fn, num_regs=32, shared_static_bytes=0, local_bytes=0,
-                                 max_threads_per_block=1024, param_offsets=offsets)
+        offsets = STAND_IN_OFFSETS[:params] if params else None
+        return hc.CompiledKernel(function=RecordingKernel(entry, calls), num_regs=32, shared_static_bytes=0,
+                                 local_bytes=0, max_threads_per_block=1024, param_offsets=offsets)
 
     monkeypatch.setattr(hl, "check_tensors", check_but_device)
     monkeypatch.setattr(hl, "encode_map", fake_map)  # the driver encodes tensor maps (day 16)
@@ -396,21 +397,13 @@ def test_prepare_binds_every_launch_by_name(v, stand_in_gpu):
     ptrs = {p.inputs[0]: x.data_ptr(), p.inputs[1]: w.data_ptr(), p.output: y.data_ptr(), "cin": 0, "bias": 0,
             "workspace": ws.data_ptr() if ws is not None else None}
     assert [c[0] for c in calls] == [k.entry for k in launches]
-    tensors = {p.inputs[0]: x, p.inputs[1]: w, p.output: y, "workspace": ws}  # day 18 maps its workspace
-    for (entry, args, grid, block, shared), k in zip(calls, launches):
+    for (entry, buf, grid, block, shared), k in zip(calls, launches):
         assert (grid, block, shared) == (k.config.grid, k.config.block, k.config.shared_bytes)
-        if any(isinstance(a, TensorMap) for a in k.args):  # laid out by kernel_args: drop its padding
-            args = [a for a in args if not (isinstance(a, np.void) and a.itemsize != MAP_BYTES)]
-        assert len(args) == len(k.args)
-        for got, want in zip(args, k.args):
-            if isinstance(want, TensorMap):
-                assert bytes(got) == fake_map(want.desc, tensors[want.name].data_ptr()).data, (entry, want)
-            elif isinstance(want, MapBytes):  # a map the kernel does not read on this problem
-                assert bytes(got) == want.data, (entry, want)
-            elif isinstance(want, Buffer):
-                assert type(got) is np.uintp and int(got) == ptrs[want.name] + want.offset, (entry, want)
-            else:
-                assert type(got) is type(want) and got == want, (entry, got, want)
+        args = tuple(fake_map(a.desc, ptrs[a.name] + a.offset) if isinstance(a, TensorMap)  # day 18 maps its workspace
+                     else np.uintp(ptrs[a.name] + a.offset) if isinstance(a, Buffer) else a for a in k.args)
+        if any(isinstance(a, TensorMap) for a in k.args):  # laid out at the driver's offsets first
+            args = kernel_args(args, STAND_IN_OFFSETS[:len(args)])
+        assert buf == packed_like_pycuda(args), entry
 
 
 # The variants one of whose launches is built from another file than the variant's (`KernelLaunch.cu_file`).
@@ -473,7 +466,7 @@ def test_prepare_cache_reuses_the_plan_and_checks_tensors_every_call(stand_in_gp
     assert len(built) == first_builds and len(asked) == first_asks  # nothing rebuilt, no launches asked
     assert dw2.data_ptr() != dw.data_ptr() and plan2.workspace.numel() == plan.workspace.numel()
     plan2()
-    assert int(calls[0][1][0]) == x2.data_ptr() and int(calls[0][1][1]) == dy2.data_ptr()  # this call's pointers
+    assert calls[0][1][:16] == packed_like_pycuda((np.uintp(x2.data_ptr()), np.uintp(dy2.data_ptr())))  # its pointers
     with pytest.raises(ValueError, match="dy must have shape"):  # tensors are checked on a hit too
         prepare(v, p, x2, dy2[:1], cache=True)
     with pytest.raises(ValueError, match="dw overlaps x"):
@@ -496,6 +489,57 @@ def test_prepare_cache_reuses_the_plan_and_checks_tensors_every_call(stand_in_gp
     asked.clear()
     prepare(v, p, x2, dy2, cache=True)  # the kernel (or a file it includes) changed: built again
     assert len(built) > n and asked == []
+
+
+def test_a_kept_plan_repeats_only_the_per_call_work(stand_in_gpu, monkeypatch):
+    """On a kept plan (``cache=True``) a later call builds nothing, works out no refusal (the plan
+    keeps them), encodes no map and packs no parameter buffer while its tensors are where they
+    were, yet checks the stream and its tensors on every call: a bad tensor raises the first
+    call's error before any launch; a tensor at a new address packs that launch again."""
+    from helpers import launch as hl
+    from helpers.variants import Plan
+
+    calls, _ = stand_in_gpu
+    counts = {}
+
+    def count(owner, name):
+        real = getattr(owner, name)
+
+        def counted(*a, **k):
+            counts[name] = counts.get(name, 0) + 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    for name in ("compile_launches", "encode_map", "param_buffer", "_check_stream", "_check_call"):
+        count(hl, name)
+    count(Plan, "_launch_refusal")
+    v = get("igemm_wgmma")  # one launch, three tensor maps
+    p = Conv2dProblem(N=2, C=64, H=14, W=14, K=128, R=3, S=3, padding=1, dtype="fp16", layout="NHWC")
+    x, w = p.make_inputs()
+    y = torch.empty(p.output_shape, dtype=p.torch_dtype)
+    hl.clear_plans()
+    prepared, out = prepare(v, p, x, w, out=y, cache=True)
+    prepared()
+    assert counts == {"compile_launches": 1, "encode_map": 3, "param_buffer": 1, "_check_stream": 1,
+                      "_check_call": 1, "_launch_refusal": 2}
+    for _ in range(2):
+        counts.clear()
+        prepared, out = prepare(v, p, x, w, out=y, cache=True)
+        prepared()
+        assert counts == {"_check_stream": 1, "_check_call": 1} and out is y
+    assert calls[0] == calls[1] == calls[2]  # one buffer, launched three times
+    counts.clear()
+    with pytest.raises(ValueError, match=r"x must have shape \(2, 14, 14, 64\)"):
+        prepare(v, p, x[:1], w, out=y, cache=True)
+    x_in_y = y.view(-1)[: x.numel()].view(x.shape)
+    with pytest.raises(ValueError, match="y overlaps x in memory"):
+        prepare(v, p, x_in_y, w, out=y, cache=True)
+    assert counts == {"_check_call": 2} and len(calls) == 3
+    counts.clear()
+    prepare(v, p, x, w, cache=True)[0]()  # a fresh y: the launch is packed again (`encode` keeps x's and w's maps)
+    assert counts == {"_check_stream": 1, "_check_call": 1, "param_buffer": 1, "encode_map": 3}
+    assert calls[3][1] != calls[0][1]
 
 
 def test_supports_without_a_limit_uses_the_device_or_says_what_it_assumed(monkeypatch):
@@ -560,16 +604,16 @@ def test_copies_keep_a_fixed_entry():
 
 def test_bind_refuses_a_buffer_offset_outside_its_tensor():
     """A `Buffer` offset (e.g. one phase's filter in dgrad's workspace) must point inside the tensor."""
-    from helpers.launch import bind
+    from helpers.launch import Launcher, bind
     from helpers.variants import KernelLaunch, LaunchConfig
 
     ws = torch.empty(64, dtype=torch.uint8)
     k = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", 16),))
-    assert "main" in bind([(k, lambda *a, **kw: None)], {"workspace": ws})
+    assert "main" in bind([Launcher(k, RecordingKernel("f", []))], {"workspace": ws})
     for off in (64, 1000):
         bad = KernelLaunch("main", "f", LaunchConfig((1, 1, 1), (1, 1, 1)), (Buffer("workspace", off),))
         with pytest.raises(ValueError, match="outside the tensor"):
-            bind([(bad, lambda *a, **kw: None)], {"workspace": ws})
+            bind([Launcher(bad, RecordingKernel("f", []))], {"workspace": ws})
 
 
 class _OnCuda(torch.Tensor):

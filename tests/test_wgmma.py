@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import RecordingKernel
 
 from days.day16_igemm_wgmma import (
     BEYOND_LIMITS,
@@ -59,7 +60,7 @@ from days.kit import cdiv, grid_stride_items
 from helpers import compile as hc
 from helpers import tma
 from helpers.epilogue import PLAIN, Epilogue
-from helpers.launch import bind, compile_launches
+from helpers.launch import Launcher, bind, compile_launches, param_buffer
 from helpers.problem import Conv2dProblem
 from helpers.suites import resnet50
 from helpers.variants import KernelLaunch, LaunchConfig, get
@@ -485,32 +486,33 @@ def test_bind_refuses_a_map_of_a_missing_tensor():
         "main", "e", LaunchConfig((1, 1, 1), (128, 1, 1)), (tma.TensorMap("x", x_map(PROBLEMS[0], ENTRIES[0])),)
     )
     with pytest.raises(ValueError, match="passes 'x'"):
-        bind([(k, lambda *a, **kw: None)], {"w": None})
+        bind([Launcher(k, RecordingKernel("e", []))], {"w": None})
     with pytest.raises(ValueError, match="as None"):
-        bind([(k, lambda *a, **kw: None)], {"x": None})
+        bind([Launcher(k, RecordingKernel("e", []))], {"x": None})
 
 
 def test_compile_launches_asks_for_parameter_offsets(monkeypatch):
     import helpers.compile as hc
     from helpers.compile import CompiledKernel
 
-    asked = {}
+    asked, calls = {}, []
 
     def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         asked[entry] = params
-        return CompiledKernel(lambda *a, **kw: calls.append(a), 168, 0, 0, 1024, (112, 240, 368) if params else None)
+        return CompiledKernel(RecordingKernel(entry, calls), 168, 0, 0, 1024, (112, 240, 368) if params else None)
 
-    calls = []
     monkeypatch.setattr(hc, "load_kernel", load_kernel)
-    m = tma.MapBytes(bytes(128))
     cfg = LaunchConfig((1, 1, 1), (128, 1, 1))
     spec = tma.TensorMap("x", x_map(PROBLEMS[0], ENTRIES[0]))
     with_map = KernelLaunch("a", "with_map", cfg, (spec, spec, np.uintp(0)))
     plain = KernelLaunch("b", "plain", cfg, (np.int32(1),))
     compiled = compile_launches(V, [with_map, plain], "sm_90a")
     assert asked == {"with_map": 3, "plain": 0}
-    compiled[0][1](m, m, np.uintp(3), grid=(1, 1, 1), block=(128, 1, 1))
-    assert [a.itemsize for a in calls[0]] == [112, 128, 128, 8]
+    assert [c.offsets for c in compiled] == [(112, 240, 368), None]
+    m = tma.MapBytes(bytes(range(128)))
+    buf = param_buffer((m, m, np.uintp(3)), compiled[0].offsets)  # the maps at 112 and 240, the pointer at 368
+    assert buf == bytes(112) + m.data + m.data + np.uintp(3).tobytes()
+    assert param_buffer((np.int32(1),), compiled[1].offsets) == np.int32(1).tobytes()
 
 
 def test_choose_hides_short_main_loops_and_fills_the_last_wave():

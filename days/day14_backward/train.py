@@ -114,15 +114,18 @@ def paths(clear: bool = False) -> dict[tuple[str, str], Pick]:
     return out
 
 
-_PICKS: dict[tuple, Pick] = {}  # the picks so far: a training step asks for the same ones every step
+# The picks so far: a training step asks for the same ones every step. (id of the Kernels, problem,
+# cc, shared-memory limit) -> (that Kernels, its Pick): kept with the object, whose id is then not reused.
+_PICKS: dict[tuple, tuple[Kernels, Pick]] = {}
 
 
 def _pick(kernels: Kernels, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int) -> Pick:
-    """`Kernels.pick`, cached by the variants' identities (a Variant holds dicts: not hashable)."""
-    key = (tuple((v.name, id(v)) for v in kernels.choices(p.op)), p, cc, smem_limit)
+    """`Kernels.pick`, cached by the identity of ``kernels`` (a frozen object; a Variant in it
+    holds dicts, so it is not hashable)."""
+    key = (id(kernels), p, cc, smem_limit)
     if key not in _PICKS:
-        _PICKS[key] = kernels.pick(p, cc, smem_limit)
-    return _PICKS[key]
+        _PICKS[key] = (kernels, kernels.pick(p, cc, smem_limit))
+    return _PICKS[key][1]
 
 
 def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: str) -> Conv2dProblem:

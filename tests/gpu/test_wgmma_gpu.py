@@ -9,8 +9,8 @@
 * the automatic ``igemm_wgmma`` on the NHWC edge problems it takes;
 * the fused epilogue through `helpers.check.check_epilogue` (bias, alpha, beta, in-place Cin, ReLU);
 * problems beyond the im2col mode's limits, refused before any launch, a misaligned y (refused when
-  the copy engine stores it, exact when the threads do), and the driver's parameter layout that
-  `helpers.tma.kernel_args` pads to.
+  the copy engine stores it, exact when the threads do), the driver's parameter layout that
+  `helpers.tma.kernel_args` pads to, and `helpers.launch.param_buffer` against pycuda's own packing.
 
 Every `check` poisons the output with NaN, compares with the float64 reference within the
 fp32-accumulation bound and repeats the launch to compare bitwise. Skipped (tests/conftest.py)
@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import TRAIN_VARIANTS, driver_like_offsets, train_layers
 
 from days.day16_igemm_wgmma import (
     BEYOND_LIMITS,
@@ -38,10 +39,11 @@ from helpers import compile as hc
 from helpers import gpu
 from helpers.check import check, check_epilogue
 from helpers.epilogue import Epilogue
-from helpers.launch import run
+from helpers.launch import Launcher, param_buffer, run
 from helpers.problem import Conv2dProblem
 from helpers.reference import compare
 from helpers.suites import is_big, suite
+from helpers.tma import TensorMap, kernel_args
 from helpers.variants import UnsupportedProblem, get
 
 pytestmark = pytest.mark.gpu
@@ -192,3 +194,41 @@ def test_the_driver_places_maps_where_kernel_args_pads():
     assert len(offs) == len(k.args) == 23
     assert offs[1] == offs[0] + 128 and offs[2] == offs[1] + 128 and offs[3] == offs[2] + 128
     assert all(b > a for a, b in zip(offs, offs[1:]))
+
+
+def pycuda_build_arg_buf():
+    """pycuda's own ``_build_arg_buf``, with which ``Function.__call__`` packs its arguments: a
+    function local to ``pycuda.driver._add_functionality``, taken from ``__call__``'s closure."""
+    import pycuda.driver as drv
+
+    call = drv.Function.__call__
+    return dict(zip(call.__code__.co_freevars, (c.cell_contents for c in call.__closure__)))["_build_arg_buf"]
+
+
+@pytest.mark.parametrize("name", TRAIN_VARIANTS)
+def test_param_buffer_is_pycudas_own_packing(name):
+    """`helpers.launch.param_buffer` packs every launch of the training network's layers (real
+    tensors, maps encoded by the driver) byte for byte as pycuda's ``_build_arg_buf`` packs the
+    arguments `helpers.launch.bind` passed before it packed them itself (after
+    `helpers.tma.kernel_args` for a launch that passes maps)."""
+    build_arg_buf = pycuda_build_arg_buf()
+    v, info = get(name), gpu.device_info()
+    packed = 0
+    for p in train_layers(n=8, size=28):
+        p = v.adapt(p, op=True)
+        plan = v.plan(p)
+        if plan.refusal(smem_limit=info.smem_per_block_optin, cc=info.cc):
+            continue
+        a, b = p.make_inputs(device="cuda")
+        nbytes = plan.workspace_bytes
+        tensors = {**dict(zip(p.inputs, (a, b))), "workspace": torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                   if nbytes else None, p.output: torch.empty(p.output_shape, dtype=p.torch_dtype, device="cuda"),
+                   **{nm: None for nm in v.operands}}
+        for k in plan.launches:
+            maps = any(isinstance(x, TensorMap) for x in k.args)
+            launcher = Launcher(k, None, driver_like_offsets(k.args) if maps else None)
+            args = launcher.arguments(launcher.addresses(tensors))
+            _, want = build_arg_buf(kernel_args(args, launcher.offsets) if maps else args)
+            assert param_buffer(args, launcher.offsets) == bytes(want), (p.name, k.name)
+            packed += 1
+    assert packed > 0
