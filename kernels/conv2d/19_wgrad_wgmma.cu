@@ -218,11 +218,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* dymap, const CUtensor
 // ---- a consumer warpgroup's wgmma over one slot: 4 k16 slices x MT m-tiles of 64 filters.
 // A's m-tile (MT group + j) is box MT group + j of the slot; B's BN channels are its BN / 64 boxes
 // after A, LBO = one box apart. Slice kk: 2048 bytes further in both (128 in the descriptor's units).
-// accumulate = 0 (a unit's first step): the first slice's wgmma ignores acc (scale-d 0), so acc needs
-// no zeroing; zeros written between one m-tile's wgmma and the next made ptxas serialise them.
 template <int BM, int BN, int MT, bool BF16>
-__device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigned char* slot, int group,
-                                         int accumulate) {
+__device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigned char* slot, int group) {
     const uint64_t da = sw128_mn_desc(slot + group * MT * BOX_BYTES, BOX_BYTES);
     const uint64_t db = sw128_mn_desc(slot + BM * ROW_BYTES, BOX_BYTES);
     wgmma_fence();
@@ -231,7 +228,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][BN / 2], const unsigne
 #pragma unroll
         for (int j = 0; j < MT; ++j)
             wgmma_mn<BN, BF16>(acc[j], da + (uint64_t)((j * BOX_BYTES + kk * K16_BYTES) >> 4),
-                               db + (uint64_t)(kk * K16_BYTES >> 4), kk > 0 ? 1 : accumulate);
+                               db + (uint64_t)(kk * K16_BYTES >> 4), 1);
     wgmma_commit();
 }
 
@@ -271,11 +268,11 @@ __device__ __forceinline__ void consume(u16* dw, float* ws, const WGeometry& g, 
     int u = 0;  // ring steps consumed so far, over every unit of this block (as the producer's)
     for (int unit = blockIdx.x; unit < g.units; unit += gridDim.x) {
         const Unit w = unit_of(g, unit);
-        float acc[MT][BN / 2];  // written by the unit's first step (accumulate = 0): t1 > t0
+        float acc[MT][BN / 2] = {};
         for (int t = w.t0; t < w.t1; ++t, ++u) {
             const int slot = u % STAGES;
             mbar_wait(bar.full(slot), (u / STAGES) & 1);
-            mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, group, t > w.t0);
+            mma_step<BM, BN, MT, BF16>(acc, ring + slot * SLOT, group);
             wgmma_wait<1>();  // step t - 1's wgmma are done: its slot may be refilled
             if (t > w.t0 && lane_t % 32 == 0) mbar_arrive(bar.empty((u - 1) % STAGES));
         }
