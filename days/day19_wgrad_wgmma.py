@@ -32,16 +32,15 @@ The launches (`wgrad_wgmma_launches`):
 
 * ``main``: the wgmma kernel; with one split it writes dw (fp16/bf16) itself; with more (or the
   fp32-dw option) each split's fp32 partial goes to the workspace [splits][K][R][S][C];
-* ``reduce`` (splits > 1 or fp32 dw): ``wgrad_wgmma_reduce_<dtype>`` sums the splits in fp32 in
-  a fixed order (`reduce_groups` rows: split z joins row z mod groups in split order, then the
-  rows are added in order; the same bits every run, whatever order the blocks ran in) and rounds
-  once into dw; with the fp32-dw option (`make_wgrad_wgmma` ``dw32=True``) it also writes
+* ``reduce`` (splits > 1 or fp32 dw): ``wgrad_wgmma_reduce_<dtype>`` sums the splits in the order
+  0, 1, ..., splits − 1 in fp32 (the same bits every run, whatever order the blocks ran in) and
+  rounds once into dw; with the fp32-dw option (`make_wgrad_wgmma` ``dw32=True``) it also writes
   the fp32 sum into the workspace past the partials (`dw32_offset`, `dw32_view`).
 
 CPU models of what each launch writes: `main_writes` and `reduce_writes` (every element of dw or
 of the workspace's partials exactly once), `main_model` (the unit loop, each step's boxes placed
 through the swizzle and read back through the descriptors) and `reduce_model` (the fp32 sum in
-the reduction's order). Refused with the reason (`wgrad_wgmma_reason`): groups, C % 8 or K % 8 (the maps'
+split order). Refused with the reason (`wgrad_wgmma_reason`): groups, C % 8 or K % 8 (the maps'
 16-byte strides), the im2col map's limits as day 16 (corners, filter offsets, strides), 32-bit
 sizes; and by the harness, shared memory beyond the GPU's.
 
@@ -86,9 +85,8 @@ SWIZZLE_128B = 1  # the descriptor's layout type for the 128-byte swizzle (bits 
 MIN_SPLIT_STEPS = 8  # no split under 8 steps of 64 pixels (512 pixels): the ring needs steps to fill
 FLOP_PER_BYTE = 295.0  # the split rule's GPU balance: an H100 SXM's dense fp16 tensor rate over its DRAM
 # bandwidth (989 TFLOP/s / 3.35 TB/s, NVIDIA's H100 datasheet); a machine's own ratio can be passed instead
-REDUCE_THREADS = 512
-REDUCE_BLOCKS_PER_SM = 4  # the reduction's grid-stride loop: at most 4 blocks of 512 threads per SM
-REDUCE_MAX_GROUPS = REDUCE_THREADS // 32  # a row of the reduction is at least a warp of quads (512 bytes)
+REDUCE_THREADS = 256
+REDUCE_BLOCKS_PER_SM = 8  # the reduction's grid-stride loop: at most 8 blocks of 256 threads per SM
 NULL = np.uintp(0)  # a pointer argument the kernel does not read
 
 
@@ -431,19 +429,9 @@ def dw32_view(p: Conv2dProblem, cfg: WgradWgmmaConfig, workspace: torch.Tensor) 
     return workspace[start:start + 4 * dw_elements(p)].view(torch.float32).view(p.K, p.R, p.S, p.C)
 
 
-def reduce_groups(splits: int) -> int:
-    """The reduction's rows per block: the largest power of two <= ``splits`` and
-    `REDUCE_MAX_GROUPS` (16). Each row adds splits / groups partials of its quads, so a small dw
-    with many splits (C64 K64 1x1: 1,024 quads, 131 splits) still gets 16 loads in flight per
-    quad instead of one thread walking all 131."""
-    return min(1 << (max(1, splits).bit_length() - 1), REDUCE_MAX_GROUPS)
-
-
-def reduce_grid(p: Conv2dProblem, splits: int, sms: int = DEFAULT_SMS) -> int:
-    """The reduction's blocks: one per pass of REDUCE_THREADS / `reduce_groups` quads (4 elements),
-    at most `REDUCE_BLOCKS_PER_SM` per SM (a grid-stride loop over passes takes the rest)."""
-    width = REDUCE_THREADS // reduce_groups(splits)
-    return max(1, min(cdiv(dw_elements(p) // 4, width), REDUCE_BLOCKS_PER_SM * sms))
+def reduce_grid(p: Conv2dProblem, sms: int = DEFAULT_SMS) -> int:
+    """The reduction's blocks: one per 256 groups of 4 elements, at most `REDUCE_BLOCKS_PER_SM` per SM."""
+    return max(1, min(cdiv(dw_elements(p) // 4, REDUCE_THREADS), REDUCE_BLOCKS_PER_SM * sms))
 
 
 def main_args(p: Conv2dProblem, cfg: WgradWgmmaConfig) -> tuple:
@@ -462,7 +450,7 @@ def wgrad_wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgradWgmmaCo
     """``main`` (the tile's entry, grid cfg.blocks, its threads and shared bytes; the maps of dy and
     x, dw, the workspace or null, then K, C, P, Q, sh, sw, ph, pw, dh, dw, S, taps, steps, tiles_m,
     tiles_n, splits, units, direct as int32), then with `uses_workspace` ``reduce`` (the workspace,
-    dw, the fp32 dw or null, K R S C as int64, splits and `reduce_groups` as int32).
+    dw, the fp32 dw or null, K R S C as int64, splits).
 
     Raises:
         ValueError: a fused epilogue (wgrad fuses none).
@@ -477,9 +465,8 @@ def wgrad_wgmma_launches(p: Conv2dProblem, epilogue: Epilogue, cfg: WgradWgmmaCo
         return [main]
     dw32 = Buffer("workspace", dw32_offset(p, cfg)) if cfg.dw32 else NULL
     red = KernelLaunch("reduce", f"wgrad_wgmma_reduce_{p.dtype}",
-                       LaunchConfig(grid=(reduce_grid(p, cfg.splits), 1, 1), block=(REDUCE_THREADS, 1, 1)),
-                       (Buffer("workspace"), Buffer("dw"), dw32, np.int64(dw_elements(p)), np.int32(cfg.splits),
-                        np.int32(reduce_groups(cfg.splits))))
+                       LaunchConfig(grid=(reduce_grid(p), 1, 1), block=(REDUCE_THREADS, 1, 1)),
+                       (Buffer("workspace"), Buffer("dw"), dw32, np.int64(dw_elements(p)), np.int32(cfg.splits)))
     return [main, red]
 
 
@@ -513,22 +500,19 @@ def main_writes(p: Conv2dProblem, cfg: WgradWgmmaConfig, launch: LaunchConfig | 
     return counts
 
 
-def reduce_writes(p: Conv2dProblem, splits: int, launch: LaunchConfig | None = None) -> np.ndarray:
-    """Writes per dw element (flat) by the reduction on ``launch``: block b takes passes b, b + grid,
-    ... of width = block / `reduce_groups` quads (4 elements); in a pass, row 0's thread ``lane``
-    writes quad pass·width + lane if it is below K R S C / 4."""
-    launch = launch or LaunchConfig(grid=(reduce_grid(p, splits), 1, 1), block=(REDUCE_THREADS, 1, 1))
-    quads, width = dw_elements(p) // 4, launch.threads_per_block // reduce_groups(splits)
-    passes = grid_stride_items(cdiv(quads, width), launch.blocks)
-    written = (passes[:, None] * width + np.arange(width)[None, :]).ravel()
-    return np.bincount(written[written < quads], minlength=quads).repeat(4)
+def reduce_writes(p: Conv2dProblem, launch: LaunchConfig | None = None) -> np.ndarray:
+    """Writes per dw element (flat) by the reduction's grid-stride loop on ``launch``: thread i of
+    G = grid·block takes groups of 4 elements i, i + G, ... below K R S C / 4."""
+    launch = launch or LaunchConfig(grid=(reduce_grid(p), 1, 1), block=(REDUCE_THREADS, 1, 1))
+    quads = dw_elements(p) // 4
+    return np.bincount(grid_stride_items(quads, launch.blocks * launch.threads_per_block), minlength=quads).repeat(4)
 
 
 def wgrad_wgmma_covers(p: Conv2dProblem, launch: LaunchConfig, cfg: WgradWgmmaConfig) -> np.ndarray:
     """Writes per dw element (KRSC, flat) of the last launch: the reduction's (`reduce_writes`) or,
     with one split and no fp32 dw, ``main``'s (`main_writes`)."""
     if uses_workspace(cfg):
-        return reduce_writes(p, cfg.splits, launch)
+        return reduce_writes(p, launch)
     return main_writes(p, cfg, launch)
 
 
@@ -604,19 +588,11 @@ def main_model(p: Conv2dProblem, x: torch.Tensor, dy: torch.Tensor, cfg: WgradWg
 
 def reduce_model(partials: np.ndarray, splits: int, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
     """The reduction's arithmetic: (dw rounded once to ``dtype``, the fp32 sum), each as a float64
-    array, from the partials [splits][count] (flat), summed in fp32 in the kernel's order: row g
-    of `reduce_groups` adds splits g, g + groups, ... in that order, then the rows in order."""
+    array, from the partials [splits][count] (flat), summed in fp32 in split order 0, 1, ..."""
     parts = partials.reshape(splits, -1).astype(np.float32)
-    groups = reduce_groups(splits)
-    rows = []
-    for g in range(groups):
-        row = parts[g].copy()
-        for z in range(g + groups, splits, groups):
-            row = row + parts[z]  # fp32 adds, in split order within the row
-        rows.append(row)
-    total = rows[0]
-    for row in rows[1:]:
-        total = total + row  # the rows in order
+    total = parts[0].copy()
+    for z in range(1, splits):
+        total = total + parts[z]  # fp32 adds, split order
     return torch.from_numpy(total).to(dtype).double().numpy(), total.astype(np.float64)
 
 

@@ -33,10 +33,9 @@
 //    fp32 pairs (8 bytes) into the workspace, split z at ws + z K R S C (same [K][R][S][C] order).
 //    Rows k >= K and columns c >= C (the tile's edge) are not stored.
 // 5. wgrad_wgmma_reduce_<dtype> (a second launch when splits > 1, or for the fp32-dw option) sums
-//    the splits in fp32 in a fixed order (split z into row z mod groups, in split order; then the
-//    rows in order: the same bits on every run, whatever the blocks' order: no atomics) and rounds
-//    once into dw; with dw32 != null it also writes the fp32 sum there (the fp32-dw option).
-//    Grid-stride over passes of 4-element quads (C % 8 == 0).
+//    the splits in the order 0, 1, ..., splits - 1 in fp32 (the same bits on every run, whatever
+//    the blocks' order: no atomics) and rounds once into dw; with dw32 != null it also writes the
+//    fp32 sum there (the fp32-dw option). Grid-stride over groups of 4 elements (C % 8 == 0).
 //
 // Roles, as day 16: warpgroup 0 is the producer (thread 0 issues every copy, up to STAGES steps
 // ahead; with two consumers setmaxnreg gives its registers to them), warpgroups 1 .. CONSUMERS
@@ -342,56 +341,37 @@ WGRAD_WGMMA_ENTRY(64, 128, 1, 1, 6)
 WGRAD_WGMMA_ENTRY(64, 256, 1, 1, 4)
 WGRAD_WGMMA_ENTRY(64, 64, 1, 1, 8)
 
-// ---- the reduction: dw = sum of the splits' fp32 partials, in a fixed order, rounded once.
-// A block takes WIDTH = REDUCE_THREADS / groups quads (4 elements) at a time; its `groups` rows of
-// WIDTH threads add splits g, g + groups, g + 2 groups, ... of their quad (row g, in that order),
-// then row 0 adds the rows' sums in row order 0, 1, ..., groups - 1. The order depends on splits
-// and groups only, never on the run. groups (a power of two <= splits) lets a few quads with many
-// splits still use many threads: each row walks splits / groups partials, not all of them.
-constexpr int REDUCE_THREADS = 512;
-
-__device__ __forceinline__ void add4(float4& a, const float4& b) {
-    a.x += b.x;
-    a.y += b.y;
-    a.z += b.z;
-    a.w += b.w;
-}
+// ---- the reduction: dw = sum of the splits' fp32 partials, in split order, rounded once
+constexpr int REDUCE_THREADS = 256;
 
 template <bool BF16>
 __device__ __forceinline__ void reduce_splits(const float* __restrict__ ws, u16* __restrict__ dw,
-                                              float* __restrict__ dw32, long long count, int splits, int groups) {
-    __shared__ float4 rows[REDUCE_THREADS];
-    const int width = REDUCE_THREADS / groups, lane = threadIdx.x % width, g = threadIdx.x / width;
+                                              float* __restrict__ dw32, long long count, int splits) {
     const idx_t quads = count / 4;  // count = K R S C, a multiple of 8
-    const float4* parts = reinterpret_cast<const float4*>(ws);
-    for (idx_t q0 = (idx_t)blockIdx.x * width; q0 < quads; q0 += (idx_t)gridDim.x * width) {
-        const idx_t i = q0 + lane;
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < quads) {
-            sum = parts[(idx_t)g * quads + i];  // g < groups <= splits
+    for (idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; i < quads; i += (idx_t)gridDim.x * blockDim.x) {
+        const float4* src = reinterpret_cast<const float4*>(ws) + i;
+        float4 sum = src[0];
 #pragma unroll 4
-            for (int z = g + groups; z < splits; z += groups) add4(sum, parts[(idx_t)z * quads + i]);
+        for (int z = 1; z < splits; ++z) {  // z = 1, 2, ...: the same order every run
+            const float4 v = src[(idx_t)z * quads];
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
         }
-        rows[threadIdx.x] = sum;
-        __syncthreads();
-        if (g == 0 && i < quads) {
-            for (int h = 1; h < groups; ++h) add4(sum, rows[h * width + lane]);  // rows in order
-            if (dw32 != nullptr) reinterpret_cast<float4*>(dw32)[i] = sum;
-            reinterpret_cast<uint2*>(dw)[i] = make_uint2(pack2<BF16>(sum.x, sum.y), pack2<BF16>(sum.z, sum.w));
-        }
-        __syncthreads();  // rows is rewritten by the next pass
+        if (dw32 != nullptr) reinterpret_cast<float4*>(dw32)[i] = sum;
+        reinterpret_cast<uint2*>(dw)[i] = make_uint2(pack2<BF16>(sum.x, sum.y), pack2<BF16>(sum.z, sum.w));
     }
 }
 
-// Arguments: the workspace (splits x count fp32), dw, dw32 (fp32 dw, or null), count = K R S C, splits,
-// groups (a power of two, at most splits and REDUCE_THREADS / 32).
+// Arguments: the workspace (splits x count fp32), dw, dw32 (fp32 dw, or null), count = K R S C, splits.
 extern "C" __global__ void __launch_bounds__(REDUCE_THREADS)
     wgrad_wgmma_reduce_fp16(const float* __restrict__ ws, u16* __restrict__ dw, float* __restrict__ dw32,
-                            long long count, int splits, int groups) {
-    reduce_splits<false>(ws, dw, dw32, count, splits, groups);
+                            long long count, int splits) {
+    reduce_splits<false>(ws, dw, dw32, count, splits);
 }
 extern "C" __global__ void __launch_bounds__(REDUCE_THREADS)
     wgrad_wgmma_reduce_bf16(const float* __restrict__ ws, u16* __restrict__ dw, float* __restrict__ dw32,
-                            long long count, int splits, int groups) {
-    reduce_splits<true>(ws, dw, dw32, count, splits, groups);
+                            long long count, int splits) {
+    reduce_splits<true>(ws, dw, dw32, count, splits);
 }
