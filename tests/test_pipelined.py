@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingKernel
 
 from days.day09_igemm_simt import vec_path
 from days.day11_igemm_mma import MMA_TILE
@@ -269,8 +270,8 @@ def test_prepare_builds_with_the_stages_define(monkeypatch):
 
     def load_kernel(cu_file, entry, defines=None, dynamic_smem=0, arch=None, params=0):
         built.append((cu_file, entry, dict(defines or {}), dynamic_smem, arch))
-        return hc.CompiledKernel(function=lambda *a, **k: None, num_regs=145, shared_static_bytes=0, local_bytes=0,
-                                 max_threads_per_block=256)
+        return hc.CompiledKernel(function=RecordingKernel(entry, []), num_regs=145, shared_static_bytes=0,
+                                 local_bytes=0, max_threads_per_block=256)
 
     monkeypatch.setattr("helpers.launch.check_tensors", lambda *a, **k: None)
     monkeypatch.setattr(gpu, "device_info", lambda: SimpleNamespace(smem_per_block_optin=H200_SMEM, cc=(9, 0)))
