@@ -14,6 +14,9 @@ falling back to 13 and 14 layer by layer) and for torch (cuDNN):
 * the host's time to enqueue that forward + backward (`host_ms`: `HOST_STEPS` of them back to
   back, timed with ``time.perf_counter`` without synchronising): where it exceeds the GPU's time,
   the step is host-bound and the GPU waits for Python;
+* the same forward + backward captured once in a CUDA graph (`helpers.gpu.capture`) and timed
+  as its replay, on both sides: the launches are then the driver's, not Python's, so the time is
+  the GPU's own (``graph_ms``, ``torch_graph_ms``, ``x_torch_graph``);
 * the loss of ``--steps`` SGD steps on day 14's 28 x 28 batch of 8, against torch's on the same
   network (the largest relative difference; day 14's tolerance is 1e-2);
 * which kernel ran for each layer and why a preferred one did not (`train.paths`).
@@ -101,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             F.cross_entropy(net(x_big).float(), y_big).backward()
         return step
 
+    def graphed(net):
+        return time_gpu(gpu.capture(fwd_bwd(net)).replay, target_ms=100)
+
     rows, bad = [], []
-    ref_t = ref_host = None
+    ref_t = ref_host = ref_graph = None
     train.paths(clear=True)
     for name, kernels in kernel_sets(info.cc).items():
         ours, ref = train.make_pair(16, 64, 32, 2, kernels=kernels)
@@ -116,17 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         ref_t = ref_t or time_gpu(fwd_bwd(ref_b), target_ms=100)
         host = host_ms(fwd_bwd(ours_b))
         ref_host = ref_host if ref_host is not None else host_ms(fwd_bwd(ref_b))
+        g = graphed(ours_b)
+        ref_graph = ref_graph or graphed(ref_b)
         taken = train.paths(clear=True)  # this set's calls only
         ran = sorted({(op, pick.variant.name) for (op, _), pick in taken.items()})
         rows.append({"kernels": name, "ms_p50": t.ms_p50, "ms_p20": t.ms_p20, "ms_p80": t.ms_p80,
                      "torch_ms_p50": ref_t.ms_p50, "x_torch": ref_t.ms_p50 / t.ms_p50,
-                     "host_ms": host, "torch_host_ms": ref_host,
+                     "host_ms": host, "torch_host_ms": ref_host, "graph_ms_p50": g.ms_p50,
+                     "torch_graph_ms_p50": ref_graph.ms_p50, "x_torch_graph": ref_graph.ms_p50 / g.ms_p50,
                      "loss_max_rel_diff": diff, "ran": "; ".join(f"{op}: {v}" for op, v in ran)})
         for (op, layer), pick in sorted(taken.items()):
             print(f"  {name}: {op} {layer}: {pick}")
         print(f"{name}: forward + backward at N = {args.batch}: {t.ms_p50:.3f} ms (p20 {t.ms_p20:.3f}, p80 "
               f"{t.ms_p80:.3f}); torch {ref_t.ms_p50:.3f} ms; x torch {ref_t.ms_p50 / t.ms_p50:.3f}; host "
-              f"{host:.3f} ms to enqueue (torch {ref_host:.3f}); losses within {diff:.2g} of torch's", flush=True)
+              f"{host:.3f} ms to enqueue (torch {ref_host:.3f}); in a CUDA graph {g.ms_p50:.3f} ms (torch "
+              f"{ref_graph.ms_p50:.3f}; x torch {ref_graph.ms_p50 / g.ms_p50:.3f}); losses within {diff:.2g} of "
+              "torch's", flush=True)
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     meta = {**gpu.versions(), "batch": args.batch, "steps": args.steps, "date": today}
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])

@@ -279,8 +279,7 @@ def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
         if t.device.type != "cuda" or t.device != a.device:
             raise ValueError(f"{nm} is on {t.device}; a, b and out must be on one CUDA device")
     gpu.init()
-    if torch.cuda.current_stream(a.device).cuda_stream != 0:
-        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+    stream = gpu.launch_stream(torch.cuda.current_stream(a.device).cuda_stream)  # raises on a stream not ours
     if out is None:
         out = torch.empty(m, gn, dtype=torch.float32, device=a.device)
     bn = 64 if gn <= 64 else 128
@@ -288,7 +287,7 @@ def sgemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
     args = (Buffer("a"), Buffer("b"), Buffer("out"), np.int32(m), np.int32(gn), np.int32(gk))
     launch = KernelLaunch("gemm", f"sgemm_nt_128x{bn}", cfg, args)
     compiled = compile_launches(IM2COL, [launch], gpu.device_info().arch)
-    bind(compiled, {"a": a, "b": b, "out": out})["gemm"]()
+    bind(compiled, {"a": a, "b": b, "out": out}, stream)["gemm"]()
     return out
 
 

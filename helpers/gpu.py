@@ -22,6 +22,7 @@ import torch
 
 _ctx = None
 _device = 0  # the device of the shared context: the one `init` was (or will be) called for
+_streams: dict[int, object] = {}  # handle -> the pycuda Stream `stream` made (one, kept for the process)
 
 
 class NoGPUError(RuntimeError):
@@ -101,6 +102,70 @@ def thread_context():
     finally:
         if pushed:
             drv.Context.pop()
+
+
+def stream() -> torch.cuda.ExternalStream:
+    """The series' side stream: a stream of the shared context other than the default, made by
+    pycuda (which launches only on streams it made) once per process and wrapped for torch
+    (``torch.cuda.ExternalStream``), so ``with torch.cuda.stream(s):`` puts torch's ops and the
+    series' kernels on it. Its use: capturing work in a CUDA graph (`capture`), which the legacy
+    default stream, where the kernels launch otherwise, cannot be.
+
+    Raises:
+        NoGPUError: see `init`.
+    """
+    init()
+    if not _streams:
+        import pycuda.driver as drv
+
+        with thread_context():
+            s = drv.Stream()
+        _streams[s.handle] = s
+    return torch.cuda.ExternalStream(next(iter(_streams)), device=context_device())
+
+
+def capture(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """``fn()`` (GPU work: torch's ops and the series' kernels, no synchronisation, no copy to the
+    host) captured once in a CUDA graph; ``g.replay()`` runs it again on torch's current stream.
+
+    As torch's docs ask (``torch.cuda.graph``): ``warmup`` calls on the side stream (`stream`)
+    first, which also build the kernels and keep their plans, then one call captured there. The
+    graph keeps the addresses it was captured with: write new inputs into the same tensors, read
+    outputs (e.g. ``.grad``) from the tensors the captured call made. A launch on another stream,
+    a synchronisation or an allocation outside torch's allocator inside ``fn`` raises torch's
+    capture error.
+
+    Raises:
+        NoGPUError: see `init`; RuntimeError: torch's, for what cannot be captured.
+    """
+    s = stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        fn()
+    return g
+
+
+def launch_stream(handle: int):
+    """The pycuda stream a launch goes on when torch's current stream has handle ``handle``
+    (``torch.cuda.current_stream().cuda_stream``): None (pycuda's default) for the legacy default
+    stream, 0; the pycuda Stream of the side stream (`stream`).
+
+    Raises:
+        RuntimeError: another stream (pycuda launches only on its own streams).
+    """
+    if handle == 0:
+        return None
+    s = _streams.get(handle)
+    if s is None:
+        raise RuntimeError("the kernels launch on the default stream or on a stream of helpers.gpu.stream(); "
+                           f"torch's current stream ({handle:#x}) is neither: leave torch.cuda.stream(...) "
+                           "or enter one of helpers.gpu.stream()")
+    return s
 
 
 def _release() -> None:

@@ -1,6 +1,7 @@
 """The one launch path: validate a call's tensors, build a `helpers.variants.Plan`'s kernels and
-bind them to the tensors, then launch on the legacy default stream (torch's default), so kernels
-and torch ops stay ordered.
+bind them to the tensors, then launch on torch's current stream, so kernels and torch ops stay
+ordered: the legacy default stream (torch's default), or a stream of `helpers.gpu.stream` (e.g.
+one capturing a CUDA graph).
 
 `prepare` takes a plan (or a variant and a problem, and makes the plan), validates everything
 once (the problem, the tensors and operands by name, aliasing, the device), compiles every launch
@@ -170,9 +171,10 @@ def _check_call(plan: Plan, inputs: tuple, out, operands: dict) -> None:
         raise ValueError(f"{v.name}: {reason}")
 
 
-def _check_stream(device: torch.device) -> None:
-    if torch.cuda.current_stream(device).cuda_stream != 0:
-        raise RuntimeError("kernels launch on the default stream; leave torch.cuda.stream(...) before calling")
+def _check_stream(device: torch.device):
+    """The pycuda stream to launch on: torch's current stream on ``device``, if it is the default
+    stream (None) or one of `helpers.gpu.stream` (see `helpers.gpu.launch_stream`, which raises)."""
+    return gpu.launch_stream(torch.cuda.current_stream(device).cuda_stream)
 
 
 # Plans `prepare(..., cache=True)` made, by (id of the variant, problem, epilogue); the oldest is
@@ -348,20 +350,22 @@ class Launcher:
         return tuple(encode_map(a.desc, next(at)) if isinstance(a, TensorMap)
                      else np.uintp(next(at)) if isinstance(a, Buffer) else a for a in self.launch.args)
 
-    def bound(self, addresses: tuple) -> Callable[[], None]:
-        """A closure launching this kernel once at ``addresses`` (`arguments`), on the default
-        stream, with the launch's grid, block and dynamic shared memory."""
+    def bound(self, addresses: tuple, stream=None) -> Callable[[], None]:
+        """A closure launching this kernel once at ``addresses`` (`arguments`) on ``stream`` (a
+        pycuda Stream; None: the default stream), with the launch's grid, block and dynamic
+        shared memory."""
         buf = self.buffers.get(addresses)
         if buf is None:
             if len(self.buffers) >= BUFFERS_KEPT:
                 self.buffers.clear()
             buf = self.buffers[addresses] = param_buffer(self.arguments(addresses), self.offsets)
         cfg = self.launch.config
-        return functools.partial(self.function._launch_kernel, cfg.grid, cfg.block, buf, cfg.shared_bytes, None)
+        return functools.partial(self.function._launch_kernel, cfg.grid, cfg.block, buf, cfg.shared_bytes, stream)
 
 
-def bind(compiled: list[Launcher], tensors: dict) -> dict[str, Callable[[], None]]:
-    """{launch name: closure launching it} (`Launcher.bound`): each `Buffer` argument becomes the
+def bind(compiled: list[Launcher], tensors: dict, stream=None) -> dict[str, Callable[[], None]]:
+    """{launch name: closure launching it on ``stream``} (`Launcher.bound`; a pycuda Stream, None
+    for the default stream): each `Buffer` argument becomes the
     named tensor's pointer plus its ``offset`` (0 for an operand passed as None), each
     `helpers.tma.TensorMap` the map encoded for the named tensor's address plus its ``offset``
     (`helpers.tma.encode`).
@@ -371,7 +375,7 @@ def bind(compiled: list[Launcher], tensors: dict) -> dict[str, Callable[[], None
             map), an offset outside the tensor's bytes, or a map the driver's limits refuse.
         RuntimeError: the driver refused to encode a map.
     """
-    return {b.launch.name: b.bound(b.addresses(tensors)) for b in compiled}
+    return {b.launch.name: b.bound(b.addresses(tensors), stream) for b in compiled}
 
 
 def prepare(
@@ -419,7 +423,8 @@ def prepare(
             or operand, tensors the variant's ``tensor_check_fn`` refuses (e.g. a misaligned
             pointer), and a plan given another epilogue.
         UnsupportedProblem: the variant does not handle ``problem``, or not on this GPU.
-        RuntimeError: torch's current stream is not the default stream.
+        RuntimeError: torch's current stream is neither the default stream nor one of
+            `helpers.gpu.stream` (pycuda launches only on its own streams).
         NoGPUError: no GPU or no pycuda.
     """
     if epilogue is not None and not isinstance(epilogue, Epilogue):
@@ -452,7 +457,7 @@ def prepare(
     if reason:
         raise UnsupportedProblem(reason)
     device = inputs[0].device
-    _check_stream(device)
+    stream = _check_stream(device)
     kernels = compiled(plan, device, v.target(info.cc))
     if out is None:
         out = torch.empty(problem.tensor_shape(problem.output), dtype=problem.torch_dtype, device=device)
@@ -460,7 +465,7 @@ def prepare(
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
     tensors = {**dict(zip(problem.inputs, inputs)), problem.output: out, "workspace": workspace,
                **{nm: None for nm in v.operands}, **operands}
-    return Prepared(plan, bind(kernels, tensors), workspace, tensors), out
+    return Prepared(plan, bind(kernels, tensors, stream), workspace, tensors), out
 
 
 def run(

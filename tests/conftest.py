@@ -122,13 +122,14 @@ def misaligned():
 class RecordingKernel:
     """A stand-in for a built kernel (a pycuda ``Function``) on the CPU: each launch of it, the call
     of ``_launch_kernel`` that `helpers.launch.Launcher` makes, is appended to ``calls`` as
-    ``(entry, parameter buffer, grid, block, shared bytes)`` (the stream must be None: the default)."""
+    ``(entry, parameter buffer, grid, block, shared bytes)``; the stream must be ``stream`` (None:
+    the default)."""
 
-    def __init__(self, entry: str, calls: list):
-        self.entry, self.calls = entry, calls
+    def __init__(self, entry: str, calls: list, stream=None):
+        self.entry, self.calls, self.stream = entry, calls, stream
 
     def _launch_kernel(self, grid, block, buf, shared, stream):
-        assert stream is None and isinstance(buf, bytes), (stream, type(buf))
+        assert stream is self.stream and isinstance(buf, bytes), (stream, type(buf))
         self.calls.append((self.entry, buf, grid, block, shared))
 
 

@@ -165,3 +165,26 @@ def test_default_stream_check_is_made_on_every_call(monkeypatch):
     hl._check_stream("cuda:0")
     with pytest.raises(RuntimeError, match="leave torch.cuda.stream"):
         hl._check_stream("cuda:0")
+
+
+def test_a_stream_of_helpers_gpu_stream_is_launched_on(monkeypatch):
+    """On a stream `helpers.gpu.stream` made (as when a CUDA graph is captured on it), `_check_stream`
+    answers its pycuda stream and every launch of a bound plan goes on it; the default stream
+    answers None; any other stream raises before a launch."""
+    from helpers import gpu
+    from helpers import launch as hl
+
+    ours = object()  # stands for the pycuda Stream of handle 0x70
+    monkeypatch.setattr(gpu, "_streams", {0x70: ours})
+    current = SimpleNamespace(cuda_stream=0x70)
+    monkeypatch.setattr("torch.cuda.current_stream", lambda device=None: current)
+    assert hl._check_stream("cuda:0") is ours
+    calls = []
+    k = KernelLaunch("main", "e", LaunchConfig((2, 1, 1), (64, 1, 1), 0), (Buffer("y"), np.int32(5)))
+    hl.bind([Launcher(k, RecordingKernel("e", calls, stream=ours))], {"y": None}, ours)["main"]()
+    assert len(calls) == 1
+    current.cuda_stream = 0
+    assert hl._check_stream("cuda:0") is None
+    current.cuda_stream = 0x71
+    with pytest.raises(RuntimeError, match="helpers.gpu.stream"):
+        hl._check_stream("cuda:0")

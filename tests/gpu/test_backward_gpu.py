@@ -305,3 +305,52 @@ def test_a_gradient_penalty_through_the_kernels_raises_torchs_error():
     (dx,) = torch.autograd.grad(loss, x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         (loss + dx.float().square().sum()).backward()
+
+
+@pytest.mark.parametrize("hopper", [False, True], ids=["days13-14", "hopper"])
+def test_a_step_captured_in_a_cuda_graph_replays_the_eager_step(hopper: bool):
+    """A forward + backward of day 14's net (`helpers.gpu.capture`: launched on the side stream,
+    captured once) replayed on a new batch written into the captured input gives, bit for bit, the
+    filter gradients of the same step run eagerly on the default stream; and the replay runs
+    the series' kernels, not a stale copy of the first step (the gradients change with the batch)."""
+    import torch.nn.functional as F
+
+    from days.day14_backward import train
+
+    if hopper and tuple(gpu.device_info().cc) != (9, 0):
+        pytest.skip("the Hopper kernels need compute capability 9.0")
+    from days.day19_wgrad_wgmma import HOPPER_KERNELS
+
+    net, _ = train.make_pair(16, 64, 32, 2, kernels=HOPPER_KERNELS if hopper else train.Kernels())
+    x, labels = _batch()
+    static_x = x.clone()
+
+    def step():
+        net.zero_grad(set_to_none=True)
+        F.cross_entropy(net(static_x).float(), labels).backward()
+
+    g = gpu.capture(step)
+    g.replay()
+    first = {n: p.grad.clone() for n, p in net.named_parameters() if p.dim() == 4}
+    static_x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    replayed = {n: p.grad.clone() for n, p in net.named_parameters() if p.dim() == 4}
+    net.zero_grad(set_to_none=True)
+    F.cross_entropy(net(static_x).float(), labels).backward()
+    assert all(not bitwise_equal(first[n], replayed[n]) for n in first)
+    for n, p in net.named_parameters():
+        if p.dim() == 4:
+            assert bitwise_equal(p.grad, replayed[n]), n
+
+
+def test_a_launch_on_a_stream_not_ours_is_refused_before_it_runs():
+    """torch's current stream must be the default or the side stream (`helpers.gpu.stream`):
+    on a stream torch made, the call raises before any launch and the context stays usable."""
+    p = problem("strided 1x1, ResNet-style", "dgrad")
+    dy, w = p.make_inputs(device="cuda", seed=1)
+    with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(RuntimeError, match="helpers.gpu.stream"):
+        run("dgrad", p, dy, w)
+    with torch.cuda.stream(gpu.stream()):
+        on_side = run("dgrad", p, dy, w).clone()
+    assert bitwise_equal(on_side, run("dgrad", p, dy, w))
