@@ -12,8 +12,9 @@ time on the problem (benchmark mode, channels_last; TF32 off for fp32), the wall
 first call (its own benchmark-mode search plus one run) and the kernels it launched (torch's
 profiler). Writes ``benchmarks/results/<gpu>/tune_<suite>_<variant>_<dtype>_<layout>.csv``, one
 row per problem, with the versions (and with ``--exhaustive`` the sweep itself, one row per
-problem and configuration, in ``..._sweep.csv``), and prints the summary (geomean x cuDNN of the tuned choice
-and of the rule; with ``--exhaustive`` the tuned time over the sweep's best).
+problem and configuration, in ``..._sweep.csv``, and the model's picks without timing: ``top1_ms``, the
+best of its first three ``top3_ms``), and prints the summary (geomean x cuDNN of the tuned choice and of
+the rule; with ``--exhaustive`` the tuned time, the model's top-1 and its top-3 over the sweep's best).
 Exit status: 0 if every problem was tuned, 1 if any faulted, ran over the budget or found the
 rule's own pick wrong (it failed the float64 check), 2 without a GPU or on bad arguments.
 """
@@ -98,9 +99,35 @@ def write_sweep(df, path: Path) -> None:
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
+def top_k_ms(sweep: dict, k: int) -> float:
+    """The fastest measured time (ms) among the ``k`` configurations the model ranks first in a
+    sweep ({config: (model_us, ms)}; ties in the sweep's order, a variation after its base, with
+    which it shares a prediction): ``k`` = 1 is the model's pick with no timing at all. NaN if
+    none of them passed the check.
+
+    Raises:
+        ValueError: k < 1."""
+    if k < 1:
+        raise ValueError(f"k = {k}: at least the model's first choice")
+    first = sorted(sweep.items(), key=lambda kv: kv[1][0])[:k]  # stable: the sweep's order breaks ties
+    times = [ms for _, (_, ms) in first if ms == ms]
+    return min(times) if times else float("nan")
+
+
+def add_top_k(df):
+    """``top1_ms`` and ``top3_ms`` (`top_k_ms`) from each row's sweep: the model's pick timed not
+    at all, and the best of its three first picks."""
+    df = df.copy()
+    for k in (1, 3):
+        df[f"top{k}_ms"] = [top_k_ms(sw, k) if isinstance(sw, dict) else float("nan") for sw in df.sweep]
+    return df
+
+
 def summary(df) -> dict:
     """Geomeans over the tuned rows: x cuDNN of the tuned choice and of the rule, tuned over
-    exhaustive best (with ``best_ms``), and the summed tuning seconds."""
+    exhaustive best (with ``best_ms``), the model's top-1 and top-3 over the exhaustive best
+    (with ``top1_ms``; a pick that failed the check counts as missing: ``top1_failed``), and the
+    summed tuning seconds."""
     from helpers.bench import geomean as geo
 
     ok = df[df.status == "ok"]
@@ -110,6 +137,11 @@ def summary(df) -> dict:
         out["rule_x_cudnn"] = geo(ok.cudnn_ms / ok.rule_ms)
     if "best_ms" in ok:
         out["tuned_over_best"] = geo(ok.best_ms / ok.ms)
+    if "top1_ms" in ok:
+        for k in (1, 3):
+            timed = ok[ok[f"top{k}_ms"].notna()]
+            out[f"top{k}_over_best"] = geo(timed.best_ms / timed[f"top{k}_ms"])
+        out["top1_failed"] = int(ok.top1_ms.isna().sum())
     return out
 
 
@@ -148,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = out_dir / f"tune_{args.suite}_{space.variant}_{args.dtype}_{args.layout}"
         if "sweep" in df:
             write_sweep(df, stem.with_name(stem.name + "_sweep.csv"))
-            df = df.drop(columns="sweep")
+            df = add_top_k(df).drop(columns="sweep")
         df.to_csv(stem.with_suffix(".csv"), index=False)  # the tuning, before cuDNN's columns: kept if they fail
         if not args.no_cudnn:
             base = get(space.variant)

@@ -23,6 +23,7 @@ or groups > 1 are refused with the reason: day 13's kernel runs them.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections import Counter, defaultdict, deque
@@ -36,6 +37,7 @@ from helpers.compile import kernel_path
 from helpers.epilogue import Epilogue, scalars
 from helpers.problem import Conv2dProblem
 from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, UNUSED_MAP, Im2colMap, TensorMap, TiledMap
+from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .kit import VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, groups_one_reason
@@ -765,3 +767,70 @@ def schedule_timeline(mode: str, tiles: int, mainloop: float,
 
 
 register(make_wgmma())
+
+
+# ---- day 15's search space: the compiled entries (schedule x tile) x the tile order --------------
+
+SPACE_VARIANT = "igemm_wgmma"
+CONFIG_NAME = re.compile(r"(\w+?)_(\d+)x(\d+)_c(\d+)_s(\d+)(?:_g(\d+))?")
+
+
+def parse_config(config: str) -> WgmmaConfig:
+    """``"persistent_256x128_c2_s4_g8"`` -> that `WgmmaConfig` (``_g<group_m>`` optional: 1).
+
+    Raises:
+        ValueError: not a configuration name, or one the ``.cu`` file does not instantiate.
+    """
+    m = CONFIG_NAME.fullmatch(config)
+    if not m or m.group(1) not in MODES:
+        raise ValueError(f"an {SPACE_VARIANT} configuration looks like 'persistent_256x128_c2_s4_g8'; got {config!r}")
+    mode, bm, bn, cons, st, g = m.groups()
+    cfg = WgmmaConfig(mode, int(bm), int(bn), int(cons), int(st), int(g or 1))
+    if cfg.compiled not in ENTRIES:
+        raise ValueError(f"{config!r} is not instantiated in {CU_FILE}; it has: {', '.join(BY_NAME)}")
+    return cfg
+
+
+@functools.cache
+def space_variant(config: str) -> Variant:
+    """The variant forcing a configuration name (one object per name)."""
+    return make_wgmma(f"{SPACE_VARIANT}[{config}]", parse_config(config))
+
+
+def gemm_tile(p: Conv2dProblem, cfg: WgmmaConfig) -> GemmTile:
+    """The model's view of ``cfg`` on ``p`` (`helpers.tune.gemm_tile_us`): the GEMM M = N·P·Q,
+    N = K, GEMM-K = C·R·S in R·S·ceil(C / 64) steps; a consumer warpgroup's share of the tile as
+    the "warp" tile (its wgmma's M x N: wgmma reads its operands from shared memory, so the edge
+    cost stands for the operand reads per FLOP); the consumers' setmaxnreg target as registers;
+    DRAM: day 13's `dram_bytes` (x as the taps touch it, w, y once)."""
+    from .day13_igemm_production.space import dram_bytes
+
+    g = p.gemm
+    rows = 64 * cfg.m_tiles
+    return GemmTile(m=g.m, n=g.n, k=g.k, bm=cfg.bm, bn=cfg.bn, bk=BK, warp_m=rows, warp_n=cfg.bn,
+                    threads=cfg.threads, stages=cfg.stages, shared_bytes=cfg.shared_bytes,
+                    regs=setmaxnreg_targets(cfg)[1] or 168, steps=p.R * p.S * cdiv(p.C, BK), dram_bytes=dram_bytes(p))
+
+
+def space_candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every compiled entry at the problem's tile order (`group_rows`), the model's time each, in
+    families by schedule (the model does not see what a schedule hides: ping-pong's epilogue, the
+    clusters' shared loads); the rule's pick (`choose`) is the prior."""
+    rule, g = choose(p), group_rows(p)
+    out = []
+    for c in ENTRIES:
+        cfg = replace(c, group_m=g)
+        out.append(Candidate(cfg.name, space_variant(cfg.name), gemm_tile_us(gemm_tile(p, cfg), machine),
+                             cfg == rule, family=cfg.mode))
+    return out
+
+
+def space_variations(config: str, p: Conv2dProblem) -> list[str]:
+    """The other tile order: row-major (group_m 1) or groups of `GROUP_M` m-tiles (a kernel
+    argument: no new build)."""
+    cfg = parse_config(config)
+    return [replace(cfg, group_m=GROUP_M if cfg.group_m == 1 else 1).name]
+
+
+SPACE = register_space(Space(SPACE_VARIANT, space_candidates, space_variations, lambda cfg, p: space_variant(cfg),
+                             summary="WGMMA_ENTRY schedules x tiles x tile order"))

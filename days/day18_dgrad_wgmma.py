@@ -41,6 +41,7 @@ the registered ``dgrad_wgmma`` takes day 16's rule (`choose_config`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -49,6 +50,7 @@ import torch
 from helpers.epilogue import PLAIN, Epilogue
 from helpers.problem import Conv2dProblem
 from helpers.tma import ELEMENT_BYTES, TensorMap
+from helpers.tune import Candidate, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .day16_igemm_wgmma import (
@@ -58,7 +60,11 @@ from .day16_igemm_wgmma import (
     WgmmaConfig,
     choose,
     covers,
+    gemm_tile,
+    group_rows,
+    parse_config,
     problem_reason,
+    space_variations,
     wgmma_launches,
     x_map,
 )
@@ -624,3 +630,39 @@ def make_dgrad_wgmma(name: str = "dgrad_wgmma", config: WgmmaConfig | str | None
 
 
 DGRAD_WGMMA = register(make_dgrad_wgmma())
+
+
+# ---- day 15's search space: day 16's entries for the fprop(s) of the run, and the tile order --------
+
+
+@functools.cache
+def space_variant(config: str) -> Variant:
+    """The variant running day 16's configuration name ``config`` for every fprop of its run (one
+    object per name; `days.day16_igemm_wgmma.parse_config` raises on a name it cannot build)."""
+    return make_dgrad_wgmma(f"dgrad_wgmma[{config}]", parse_config(config))
+
+
+def space_candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every day-16 entry at the tile order of the equivalent fprop (`fprop_problem`), in families
+    by schedule; the model's time: day 16's model of each active phase's fprop, one launch per
+    phase for the rotation, and for a strided layer the scatter (the compact y written and read
+    back, dx written) at the machine's DRAM rate plus its launch. The rule (`choose_config`) is the
+    prior. A problem without an fprop equivalent has none (the variant refuses it)."""
+    if shape_reason(p):
+        return []
+    rule, q = choose_config(p), fprop_problem(p)
+    runs = [phase_problem(p, ph) for ph in filter(active, phases(p))] if strided(p) else [q]
+    extra = len(runs) * machine.launch_us
+    if strided(p):
+        extra += machine.launch_us + (2 * p.N * p.H * p.W * p.C * p.itemsize) / (machine.dram_gbps * 1e3)
+    out = []
+    for c in ENTRIES:
+        cfg = replace(c, group_m=group_rows(q))
+        us = sum(gemm_tile_us(gemm_tile(r, cfg), machine) for r in runs) + extra
+        out.append(Candidate(cfg.name, space_variant(cfg.name), us, cfg == rule, family=cfg.mode))
+    return out
+
+
+SPACE = register_space(Space("dgrad_wgmma", space_candidates, space_variations, lambda cfg, p: space_variant(cfg),
+                             summary="day 16's WGMMA_ENTRY schedules x tiles x tile order, for each fprop of the run",
+                             sources=(FPROP_CU_FILE,)))

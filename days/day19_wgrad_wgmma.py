@@ -56,6 +56,7 @@ and ``include/cute/arch/mma_sm90_desc.hpp`` (``GmmaDescriptor``'s bit fields); C
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 
@@ -67,6 +68,7 @@ from helpers.compile import kernel_path
 from helpers.epilogue import Epilogue
 from helpers.problem import Conv2dProblem
 from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, TiledMap, im2col_rows
+from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .day14_backward.train import Kernels
@@ -693,3 +695,79 @@ WGRAD_WGMMA = register(make_wgrad_wgmma())
 # for each layer, and why the ones before it did not, is in `days.day14_backward.train.paths`.
 HOPPER_KERNELS = Kernels(fprop=("igemm_wgmma", "igemm_production"), dgrad=("dgrad_wgmma", "dgrad"),
                          wgrad=("wgrad_wgmma", "wgrad"))
+
+
+# ---- day 15's search space: the tiles x a ladder of split factors --------------------------------
+
+
+def space_config(tile: WgradWgmmaTile, splits: int) -> str:
+    """``<tile>_k<splits>``, e.g. ``128x256_c2_s4_k14`` (the grid is the GPU's: `choose`)."""
+    return f"{tile.name}_k{splits}"
+
+
+def parse_space_config(config: str) -> tuple[WgradWgmmaTile, int]:
+    """``"128x256_c2_s4_k14"`` -> (that tile, 14).
+
+    Raises:
+        ValueError: not a configuration name, or a tile the ``.cu`` file does not instantiate.
+    """
+    m = re.fullmatch(r"(.+)_k(\d+)", config)
+    if not m or m.group(1) not in BY_NAME or int(m.group(2)) < 1:
+        raise ValueError(f"a wgrad_wgmma configuration looks like '128x256_c2_s4_k14' (a WGRAD_WGMMA_ENTRY tile "
+                         f"and a split factor of at least 1); got {config!r}")
+    return BY_NAME[m.group(1)], int(m.group(2))
+
+
+@functools.cache
+def space_variant(config: str) -> Variant:
+    """The variant forcing a configuration name's tile and split factor (one object per name)."""
+    tile, splits = parse_space_config(config)
+    return make_wgrad_wgmma(f"wgrad_wgmma[{config}]", tile, splits)
+
+
+def ladder(p: Conv2dProblem, tile: WgradWgmmaTile, sms: int = DEFAULT_SMS) -> list[int]:
+    """The split factors tried for ``tile``: 1, 2, 4, ... while the units (tiles x splits) stay
+    under two per SM and each split keeps `MIN_SPLIT_STEPS` steps, and the rule's (`choose_splits`)."""
+    top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
+    out, s = {1, choose_splits(p, tile, sms)}, 2
+    while s <= top and tile_count(p, tile) * s // 2 < 2 * sms:
+        out.add(s)
+        s *= 2
+    return sorted(out)
+
+
+def gemm_tile(p: Conv2dProblem, tile: WgradWgmmaTile, splits: int) -> GemmTile:
+    """The model's view: M = K, N = C·R·S, GEMM-K = N·P·Q in ``splits`` slices of ceil(steps /
+    splits) steps; a consumer's 64·mt x bn as the warp tile; DRAM: x and dy once, dw, and with more
+    than one split the fp32 partials written and read back (8 bytes per dw element per split)."""
+    partials = 8 * splits * dw_elements(p) if splits > 1 else 0
+    return GemmTile(m=p.K, n=p.C * p.R * p.S, k=p.N * p.P * p.Q, bm=tile.bm, bn=tile.bn, bk=BK, warp_m=64 * tile.mt,
+                    warp_n=tile.bn, threads=tile.threads, stages=tile.stages, shared_bytes=tile.shared_bytes, regs=168,
+                    steps=cdiv(steps_of(p), splits), splits=splits, dram_bytes=p.min_bytes, extra_bytes=partials)
+
+
+def space_candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every tile at every split of its `ladder` (on the machine's SM count), a family per tile;
+    a split run pays the reduction's launch too. The rule's (tile, splits) is the prior."""
+    rule = choose(p, sms=machine.sms)
+    out = []
+    for tile in ENTRIES:
+        for s in ladder(p, tile, machine.sms):
+            us = gemm_tile_us(gemm_tile(p, tile, s), machine) + (machine.launch_us if s > 1 else 0.0)
+            cfg = space_config(tile, s)
+            out.append(Candidate(cfg, space_variant(cfg), us, (tile, s) == (rule.tile, rule.splits), family=tile.name))
+    return out
+
+
+def space_variations(config: str, p: Conv2dProblem) -> list[str]:
+    """Split factors about 0.7x and 1.4x of the configuration's, where they are new and allowed
+    (a launch argument: no new build)."""
+    tile, s = parse_space_config(config)
+    top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
+    seen = set(ladder(p, tile))
+    return [space_config(tile, f) for f in sorted({round(s / 2**0.5), round(s * 2**0.5)})
+            if 1 <= f <= top and f not in seen]
+
+
+SPACE = register_space(Space("wgrad_wgmma", space_candidates, space_variations, lambda cfg, p: space_variant(cfg),
+                             summary="WGRAD_WGMMA_ENTRY tiles x split factors (deterministic split-K)"))

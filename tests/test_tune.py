@@ -597,6 +597,26 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
     assert df.x_cudnn.iloc[0] == pytest.approx(0.8) and df.cudnn_error.notna().sum() == 2  # the K = 64 layers
     sw = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC_sweep.csv")
     assert len(sw) == 6 and set(sw.columns) == {"problem", "config", "model_us", "ms"}
+    assert list(df.top1_ms) == [0.1] * 3 and list(df.top3_ms) == [0.09] * 3  # "c" is the model's first
+
+
+def test_top_k_is_the_models_first_picks_measured():
+    """top-1: the configuration of the lowest prediction, timed or not; top-3: the best of the
+    first three; a pick that failed the check (NaN) is missing, not fast; ties keep the sweep's order."""
+    from benchmarks.tune import summary, top_k_ms
+
+    sweep = {"a": (5.0, 0.30), "a_var": (5.0, 0.20), "b": (4.0, float("nan")), "c": (9.0, 0.10), "d": (6.0, 0.25)}
+    assert top_k_ms(sweep, 1) != top_k_ms(sweep, 1)  # "b", the model's pick, failed: NaN
+    assert top_k_ms(sweep, 2) == 0.30 and top_k_ms(sweep, 3) == 0.20 and top_k_ms(sweep, 5) == 0.10
+    with pytest.raises(ValueError):
+        top_k_ms(sweep, 0)
+    import pandas as pd
+
+    df = pd.DataFrame({"status": ["ok", "ok"], "tune_s": [1.0, 1.0], "ms": [0.1, 0.2], "best_ms": [0.1, 0.2], "top1_ms": [0.1, math.nan],
+                       "top3_ms": [0.1, 0.25]})
+    s = summary(df)
+    assert s["top1_over_best"] == pytest.approx(1.0) and s["top1_failed"] == 1
+    assert s["top3_over_best"] == pytest.approx((0.8) ** 0.5)
 
 
 def test_bench_cli_adds_tuned_flavours_after_tunable_variants(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import tempfile
@@ -20,6 +21,7 @@ from .. import gpu
 from ..compile import nvcc_version, source_hash
 from ..problem import Conv2dProblem
 from ..variants import Variant
+from .space import SPACES
 
 CACHE_ENV = "CONV2D_DAYS_TUNE_CACHE"  # overrides `default_cache_path`
 CACHED = ("config", "ms", "rule_config", "rule_ms", "model_rank")  # what a cache entry answers with
@@ -143,8 +145,12 @@ class TuneCache:
 
     def key(self, variant: Variant, p: Conv2dProblem) -> str:
         """``gpu|driver|cuda|nvcc|source|variant|problem``: the environment and source part made once
-        per (variant, `helpers.compile.source_hash`), which costs a few ``stat`` calls per lookup."""
-        part = (variant.name, source_hash(variant.cu_file))
+        per (variant, `helpers.compile.source_hash`), which costs a few ``stat`` calls per lookup.
+        The source is the hash of the variant's ``cu_file``, or, for a variant whose search space
+        names more kernel files (`helpers.tune.Space.sources`), a hash of all their hashes."""
+        files = (variant.cu_file, *(SPACES[variant.name].sources if variant.name in SPACES else ()))
+        hashes = [source_hash(f) for f in files]
+        part = (variant.name, hashes[0] if len(hashes) == 1 else hashlib.sha256("".join(hashes).encode()).hexdigest())
         prefix = self._prefixes.get(part)
         if prefix is None:
             env = self.environment

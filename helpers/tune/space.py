@@ -38,7 +38,9 @@ class Space:
     `Candidate`, exactly one with ``prior=True`` (the rule's pick) where the rule supports it;
     ``variations(config, problem)``: configurations that differ from ``config`` only in runtime
     arguments (tried on the winner; may be empty); ``variant_for(config, problem)``: the variant
-    of a configuration name.
+    of a configuration name; ``sources``: kernel files its variants build from besides the
+    variant's own ``cu_file`` (e.g. another day's main loop), whose edits must miss the tuner's
+    cache too (`helpers.tune.TuneCache.key`).
     """
 
     variant: str
@@ -46,6 +48,7 @@ class Space:
     variations: Callable[[str, Conv2dProblem], list[str]]
     variant_for: Callable[[str, Conv2dProblem], Variant]
     summary: str = ""
+    sources: tuple[str, ...] = ()
 
 
 SPACES: dict[str, Space] = {}
