@@ -665,6 +665,11 @@ def test_kernels_fields_are_checked_and_picks_cached_by_identity():
     k = d14.train.Kernels(dgrad=(get("dgrad_wgmma"), get("dgrad")))
     first = d14.train._pick(k, p, (9, 0), h100)
     assert first.variant.name == "dgrad_wgmma" and d14.train._pick(k, p, (9, 0), h100) is first
+    many = [d14.train.Kernels(dgrad="dgrad") for _ in range(d14.train.PICKS_KEPT + 5)]
+    for other in many:  # a Kernels per call (a model that makes them on the fly): the picks stay bounded
+        d14.train._pick(other, p, (9, 0), h100)
+    assert len(d14.train._PICKS) == d14.train.PICKS_KEPT
+    assert d14.train._pick(many[-1], p, (9, 0), h100).variant.name == "dgrad"
     x = torch.zeros(2, 12, 14, 14, dtype=torch.float16).to(memory_format=torch.channels_last)  # C = 12: day 16 refuses
     w = torch.zeros(16, 12, 3, 3, dtype=torch.float16).to(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match=r"x is on cpu.*x\.cuda\(\)"):

@@ -612,8 +612,8 @@ def test_top_k_is_the_models_first_picks_measured():
         top_k_ms(sweep, 0)
     import pandas as pd
 
-    df = pd.DataFrame({"status": ["ok", "ok"], "tune_s": [1.0, 1.0], "ms": [0.1, 0.2], "best_ms": [0.1, 0.2], "top1_ms": [0.1, math.nan],
-                       "top3_ms": [0.1, 0.25]})
+    df = pd.DataFrame({"status": ["ok", "ok"], "tune_s": [1.0, 1.0], "ms": [0.1, 0.2], "best_ms": [0.1, 0.2],
+                       "top1_ms": [0.1, math.nan], "top3_ms": [0.1, 0.25]})
     s = summary(df)
     assert s["top1_over_best"] == pytest.approx(1.0) and s["top1_failed"] == 1
     assert s["top3_over_best"] == pytest.approx((0.8) ** 0.5)

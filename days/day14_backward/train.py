@@ -12,6 +12,7 @@ CUDA device. `conv2d` is the function a model calls; `Stem`, `Bottleneck`, `make
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -115,17 +116,24 @@ def paths(clear: bool = False) -> dict[tuple[str, str], Pick]:
 
 
 # The picks so far: a training step asks for the same ones every step. (id of the Kernels, problem,
-# cc, shared-memory limit) -> (that Kernels, its Pick): kept with the object, whose id is then not reused.
-_PICKS: dict[tuple, tuple[Kernels, Pick]] = {}
+# cc, shared-memory limit) -> (that Kernels, its Pick): kept with the object, whose id is then not
+# reused while it is kept; the least recently used is dropped past PICKS_KEPT.
+PICKS_KEPT = 4096
+_PICKS: OrderedDict[tuple, tuple[Kernels, Pick]] = OrderedDict()
 
 
 def _pick(kernels: Kernels, p: Conv2dProblem, cc: tuple[int, int], smem_limit: int) -> Pick:
     """`Kernels.pick`, cached by the identity of ``kernels`` (a frozen object; a Variant in it
-    holds dicts, so it is not hashable)."""
+    holds dicts, so it is not hashable), at most `PICKS_KEPT` of them."""
     key = (id(kernels), p, cc, smem_limit)
-    if key not in _PICKS:
-        _PICKS[key] = (kernels, kernels.pick(p, cc, smem_limit))
-    return _PICKS[key][1]
+    hit = _PICKS.get(key)
+    if hit is None:
+        hit = _PICKS[key] = (kernels, kernels.pick(p, cc, smem_limit))
+        while len(_PICKS) > PICKS_KEPT:
+            _PICKS.popitem(last=False)
+    else:
+        _PICKS.move_to_end(key)
+    return hit[1]
 
 
 def _problem(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, op: str) -> Conv2dProblem:
