@@ -71,6 +71,7 @@ from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, Tiled
 from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
+from .day14_backward.space import config_name as space_config  # ``<tile>_k<splits>``: the grid is the GPU's
 from .day14_backward.train import Kernels
 from .day16_igemm_wgmma import DEFAULT_SMS, HOPPER_CC
 from .kit import VEC_BYTES, alignment_reason, cdiv, grid_stride_items, groups_one_reason
@@ -698,11 +699,6 @@ HOPPER_KERNELS = Kernels(fprop=("igemm_wgmma", "igemm_production"), dgrad=("dgra
 
 
 # ---- day 15's search space: the tiles x a ladder of split factors --------------------------------
-
-
-def space_config(tile: WgradWgmmaTile, splits: int) -> str:
-    """``<tile>_k<splits>``, e.g. ``128x256_c2_s4_k14`` (the grid is the GPU's: `choose`)."""
-    return f"{tile.name}_k{splits}"
 
 
 def parse_space_config(config: str) -> tuple[WgradWgmmaTile, int]:
