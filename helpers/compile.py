@@ -235,7 +235,11 @@ def param_offsets(cubin: bytes, entry: str, count: int) -> tuple[int, ...]:
         lib.cuModuleUnload(mod)
 
 
-_hashes: dict = {}  # (KERNEL_DIR, kernel file name) -> (its include closure's `_signature`, its source_hash)
+_hashes: dict = {}  # (KERNEL_DIR, file name) -> (its include closure's `_signature`, its source_hash, when checked)
+# Seconds a checked `source_hash` is answered without a ``stat``: an edit is seen on the first call
+# after that (sooner than anyone saves a file and runs a cell), and a training step's calls, each of
+# which asks, pay for the stats a few times a second instead of on every call. 0: every call checks.
+SOURCE_RECHECK_S = 0.5
 
 
 def _signature(paths) -> tuple:
@@ -266,15 +270,20 @@ def source_hash(cu_file: str) -> str:
     (``#include "..."``): what a compiled module, a plan or a tuned choice of this kernel depends
     on, and the key of every such cache.
 
-    Memoised per file: a call costs a ``stat`` per file of the closure (a few microseconds each:
-    `helpers.launch.prepare` asks on every call, so that an edited kernel is built again), and
-    the files are read and hashed again when any of them changed (`_signature`, taken before and
-    after the read, so an edit during the read is never stored with the old text).
+    Memoised per file: within `SOURCE_RECHECK_S` of the last check a call is a lookup; after it,
+    a ``stat`` per file of the closure (a few microseconds each: `helpers.launch.prepare` asks on
+    every call, so that an edited kernel is built again), and the files are read and hashed again
+    when any of them changed (`_signature`, taken before and after the read, so an edit during the
+    read is never stored with the old text).
     """
     memo = _hashes.get((KERNEL_DIR, cu_file))
     if memo is not None:
+        now = time.monotonic()
+        if now - memo[2] < SOURCE_RECHECK_S:
+            return memo[1]
         try:
             if _signature(entry[0] for entry in memo[0]) == memo[0]:
+                _hashes[KERNEL_DIR, cu_file] = (memo[0], memo[1], now)
                 return memo[1]
         except FileNotFoundError:  # a file of the closure is gone: the includes changed
             pass
@@ -285,7 +294,7 @@ def source_hash(cu_file: str) -> str:
         if _signature(str(p) for p in sorted(files)) == before:
             break
     digest = hashlib.sha256(text).hexdigest()
-    _hashes[KERNEL_DIR, cu_file] = (before, digest)
+    _hashes[KERNEL_DIR, cu_file] = (before, digest, time.monotonic())
     return digest
 
 

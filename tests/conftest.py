@@ -22,6 +22,15 @@ if str(ROOT) not in sys.path:
 
 BIG_MEMORY_BYTES = 60 * 10**9
 
+
+@pytest.fixture(autouse=True)
+def every_source_hash_checks(monkeypatch):
+    """Tests edit kernel files and call again at once: `helpers.compile.source_hash` re-checks
+    on every call here (`SOURCE_RECHECK_S` 0; its own test sets it back)."""
+    from helpers import compile as hc
+
+    monkeypatch.setattr(hc, "SOURCE_RECHECK_S", 0.0)
+
 # The machine the CPU tests give the tuner's cost model (`model_machine`): the committed measurement of
 # the GPU the series publishes on, once `python -m benchmarks.machine` has written it there; until then
 # TEST_MACHINE_INPUTS. Those are inputs chosen for the tests, round numbers that are no GPU's measurement:

@@ -253,6 +253,27 @@ def test_a_winner_that_fails_the_full_check_is_replaced_and_a_wrong_rule_is_repo
         ht.tune_problem(sp, P1, None, keep=6)
 
 
+def test_source_hash_is_answered_without_a_stat_until_its_recheck_time(tmp_path, monkeypatch):
+    """Within `SOURCE_RECHECK_S` of its last check a hash is a lookup (no ``stat``: a training
+    step asks on every call); after it, an edit is seen."""
+    kdir = tmp_path / "kernels"
+    shutil.copytree(hc.KERNEL_DIR, kdir)
+    monkeypatch.setattr(hc, "KERNEL_DIR", kdir)
+    clock = [100.0]
+    monkeypatch.setattr(hc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hc, "SOURCE_RECHECK_S", 0.5)
+    first = hc.source_hash("14_dgrad.cu")
+    stats = []
+    real_stat = hc.os.stat
+    monkeypatch.setattr(hc.os, "stat", lambda path, *a, **k: stats.append(path) or real_stat(path, *a, **k))
+    cu = kdir / "14_dgrad.cu"
+    cu.write_text(cu.read_text() + "\n// edited\n")
+    clock[0] += 0.4
+    assert hc.source_hash("14_dgrad.cu") == first and stats == []
+    clock[0] += 0.2
+    assert hc.source_hash("14_dgrad.cu") != first and stats
+
+
 def test_source_hash_follows_includes():
     """14_dgrad.cu and 13_igemm_production.cu include igemm_mainloop.cuh: their hashes differ, and each is stable."""
     assert hc.source_hash("14_dgrad.cu") == hc.source_hash("14_dgrad.cu")
