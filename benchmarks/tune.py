@@ -3,6 +3,7 @@
     python -m benchmarks.tune --suite resnet50 --dtype fp16 --layout NHWC            # every tunable variant
     python -m benchmarks.tune --suite outside --variants igemm_production --budget 120
     python -m benchmarks.tune --suite resnet50 --exhaustive                          # also the full sweep
+    python -m benchmarks.tune --suite resnet50 --no-time                             # the model's picks, untimed
 
 For each tunable variant (`helpers.tune.SPACES`) and each problem it runs `helpers.tune.tune`
 (model pruning, parallel builds, short timings with early stopping, the winner re-timed), with the
@@ -10,8 +11,9 @@ cache at ``--cache`` (default `helpers.tune.default_cache_path`; ``--cold`` star
 one in a temporary file, so the run measures a cold search). Then, unless ``--no-cudnn``: cuDNN's
 time on the problem (benchmark mode, channels_last; TF32 off for fp32), the wall time of its
 first call (its own benchmark-mode search plus one run) and the kernels it launched (torch's
-profiler). Writes ``benchmarks/results/<gpu>/tune_<suite>_<variant>_<dtype>_<layout>.csv``, one
-row per problem, with the versions (and with ``--exhaustive`` the sweep itself, one row per
+profiler). Writes ``benchmarks/results/<gpu>/tune_<suite>_<variant>_<dtype>_<layout>.csv``
+(``..._untimed.csv`` with ``--no-time``), one row per problem, with the versions (and with
+``--exhaustive`` the sweep itself, one row per
 problem and configuration, in ``..._sweep.csv``, and the model's picks without timing: ``top1_ms``, the
 best of its first three ``top3_ms``), and prints the summary (geomean x cuDNN of the tuned choice and of
 the rule; with ``--exhaustive`` the tuned time, the model's top-1 and its top-3 over the sweep's best).
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", type=at_least_one, default=None,
                     help="candidates timed after pruning, 1 or more (default: tune.KEEP)")
     ap.add_argument("--exhaustive", action="store_true", help="also time every candidate (the best_ms column)")
+    ap.add_argument("--no-time", action="store_true",
+                    help="cache the model's first choice per problem, nothing built or timed (implies --no-cudnn; "
+                    "the tuned flavour checks each choice on first use)")
     ap.add_argument("--cache", type=Path, default=None, help="cache file (default: tune.default_cache_path())")
     ap.add_argument("--cold", action="store_true", help="start from an empty cache (a temporary file)")
     ap.add_argument("--no-cudnn", action="store_true", help="do not time cuDNN")
@@ -147,6 +152,10 @@ def summary(df) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.no_time and args.exhaustive:
+        print("python -m benchmarks.tune: --no-time and --exhaustive exclude each other (the sweep is timing)",
+              file=sys.stderr)
+        return 2
     from helpers import gpu, tune
     from helpers.suites import suite
     from helpers.variants import get
@@ -175,14 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         keep = tune.KEEP if args.keep is None else args.keep
         df = tune.tune(space.variant, problems, cache, keep=keep, exhaustive=args.exhaustive,
-                       budget_s=args.budget, progress=not args.no_progress)
+                       budget_s=args.budget, progress=not args.no_progress, timed=not args.no_time)
         wall_s = time.perf_counter() - t0
-        stem = out_dir / f"tune_{args.suite}_{space.variant}_{args.dtype}_{args.layout}"
+        untimed = "_untimed" if args.no_time else ""
+        stem = out_dir / f"tune_{args.suite}_{space.variant}_{args.dtype}_{args.layout}{untimed}"
         if "sweep" in df:
             write_sweep(df, stem.with_name(stem.name + "_sweep.csv"))
             df = add_top_k(df).drop(columns="sweep")
         df.to_csv(stem.with_suffix(".csv"), index=False)  # the tuning, before cuDNN's columns: kept if they fail
-        if not args.no_cudnn:
+        if not (args.no_cudnn or args.no_time):
             base = get(space.variant)
             extra = []
             for p, st in zip(problems, df.status):

@@ -592,8 +592,9 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
     problems = suite("resnet50", **NHWC16)[:3]
     seen = {}
 
-    def fake_tune(variant, probs, cache, keep, exhaustive, budget_s, progress):
+    def fake_tune(variant, probs, cache, keep, exhaustive, budget_s, progress, timed):
         seen.update(variant=variant, n=len(probs), exhaustive=exhaustive, keep=keep)
+        assert timed
         return pd.DataFrame([{"problem": p.name, "variant": variant, "config": "c", "ms": 0.1, "rule_ms": 0.12,
                               "tune_s": 0.5, "best_ms": 0.09, "status": "ok",
                               "sweep": {"c": (10.0, 0.1), "d": (12.0, 0.09)}} for p in probs])
@@ -619,6 +620,7 @@ def test_cli_writes_the_tuning_the_sweep_and_cudnns_columns(monkeypatch, tmp_pat
     sw = pd.read_csv(tmp_path / "tune_resnet50_igemm_production_fp16_NHWC_sweep.csv")
     assert len(sw) == 6 and set(sw.columns) == {"problem", "config", "model_us", "ms"}
     assert list(df.top1_ms) == [0.1] * 3 and list(df.top3_ms) == [0.09] * 3  # "c" is the model's first
+    assert cli.main(["--no-time", "--exhaustive"]) == 2
 
 
 def test_top_k_is_the_models_first_picks_measured():
@@ -745,3 +747,28 @@ def test_a_choice_this_process_tuned_is_not_checked_again(monkeypatch, tmp_path)
     t = ht.tuned("igemm_production", ht.TuneCache(tmp_path / "t.json", environment=ENV))
     t.review_fn(P1, t.plan(P1).config)
     assert len(checked) == 1 and row["config"] in checked[0]
+
+
+def test_the_zero_timing_pick_builds_and_times_nothing_and_a_timed_search_replaces_it(monkeypatch, tmp_path):
+    """``tune(..., timed=False)`` (``--no-time``): the model's first choice per problem, no build,
+    no timing, cached as not timed; the tuned variant runs it (checked on first use); a later timed
+    search does not take it as an answer but searches and replaces it."""
+    sp, names = toy_space()
+    monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
+    gpu_ = FakeGPU(monkeypatch, {names[2]: 0.5})
+    built = []
+    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None: built.append(jobs) or 0.5)
+    cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
+    df = ht.tune("igemm_production", [P1, P2], cache, progress=False, timed=False)
+    assert list(df.config) == [names[0]] * 2 and list(df.rule_config) == [names[3]] * 2  # the model's first; the prior
+    assert list(df.status) == ["ok", "ok"] and df.ms.isna().all() and built == [] and gpu_.calls == []
+    entry = cache.lookup(get("igemm_production"), P1)
+    assert entry["config"] == names[0] and entry["timed"] is False and not cache.checked(get("igemm_production"), P1,
+                                                                                         names[0])
+    again = ht.tune("igemm_production", [P1], cache, progress=False, timed=False)
+    assert again.cache[0] == "hit"
+    timed = ht.tune("igemm_production", [P1], cache, progress=False)
+    assert timed.cache[0] == "miss" and timed.config[0] == names[2] and gpu_.calls  # searched, not the pick
+    assert cache.lookup(get("igemm_production"), P1)["config"] == names[2]
+    with pytest.raises(ValueError, match="untimed"):
+        ht.tune("igemm_production", [P1], cache, progress=False, timed=False, exhaustive=True)

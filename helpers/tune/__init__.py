@@ -21,6 +21,10 @@ runtime argument), and how to rebuild a candidate from its name. `tune_problem` 
 5. tries the winner's variations, then re-times the winner properly (`FINAL_TARGET_MS`), and the
    prior the same way (the rule's time to compare with: short timings run a few per cent fast).
 
+Where timing is not wanted, `pick` answers with the model's first choice (step 2 alone: nothing
+built or timed), cached as not timed, checked against the float64 reference by `tuned` on first
+use and replaced by the next timed search (``python -m benchmarks.tune --no-time``).
+
 `TuneCache` keeps each answer in a JSON file keyed by the GPU, its driver, the CUDA and nvcc
 versions, the hash of the kernel's source (the ``.cu`` file and what it includes:
 `helpers.compile.source_hash`), the variant and the problem: a warm cache answers without
@@ -74,6 +78,7 @@ from .search import (
     check_winner,
     enumerate_search,
     measure,
+    pick,
     sweep,
     tune,
     tune_problem,
@@ -85,7 +90,7 @@ __all__ = [
     "CACHED", "CACHE_ENV", "CLOSE_REPS", "COVER_WARPS", "EPILOGUE_US", "FINAL_TARGET_MS", "FITTED", "H200", "KEEP",
     "LOAD_LATENCY_US", "LOSER", "QUICK_REPS", "SPACES", "WARP_TILE_COST", "Candidate", "GemmTile", "Machine",
     "Reference", "Search", "Space", "Trial", "TuneCache", "TuneCacheWarning", "check_winner", "committed",
-    "default_cache_path", "enumerate_search", "gemm_tile_us", "machine_for", "measure", "occupancy", "probe",
+    "default_cache_path", "enumerate_search", "gemm_tile_us", "machine_for", "measure", "occupancy", "pick", "probe",
     "problem_key", "prune", "register_space", "space_of", "sweep", "tune", "tune_problem", "tuned", "valid_entry",
 ]
 

@@ -277,13 +277,43 @@ def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
             "sweep": times}
 
 
-def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None) -> dict | None:
+def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None, timed: bool = True) -> dict | None:
+    """A warm cache's row for ``p``, or None. A timed search takes only timed answers: a model
+    pick (`pick`, ``"timed": False`` in its entry) is searched again and replaced."""
     t0 = time.perf_counter()
     hit = cache.lookup(get(space.variant), p) if cache is not None else None
-    if hit is None:
+    if hit is None or (timed and hit.get("timed", True) is False):
         return None
     return {"problem": p.name, "variant": space.variant, **{k: hit[k] for k in CACHED}, "cache": "hit",
             "compile_s": 0.0, "tune_s": time.perf_counter() - t0, "status": "ok"}
+
+
+def pick(space: Space, p: Conv2dProblem, cache: TuneCache | None = None) -> dict:
+    """The model's first choice for ``p``, with no build and no timing (``--no-time``): the
+    candidate of least predicted time among those this GPU supports (`enumerate_search`, on the
+    measured machine). Stored in ``cache`` as not timed (``ms`` and ``rule_ms`` NaN, ``"timed":
+    False``) and not checked: `tuned` checks it against the float64 reference the first time it
+    runs (else the rule's runs), and a timed search replaces it. Returns the row `tune_problem`
+    describes, with ``config``, ``rule_config``, ``model_rank`` 1, ``candidates``, ``tune_s``
+    and ``status`` "ok" (no times); a warm cache answers as in `tune_problem`.
+
+    Raises:
+        ValueError: no candidate of the space supports ``p`` on this GPU.
+    """
+    hit = _hit_row(space, p, cache, timed=False)
+    if hit is not None:
+        return hit
+    t0 = time.perf_counter()
+    s = enumerate_search(space, p, keep=1)
+    first = s.survivors[0]
+    prior = next((c for c in s.candidates if c.prior), first)
+    entry = {"config": first.config, "ms": math.nan, "rule_config": prior.config, "rule_ms": math.nan,
+             "model_rank": 1, "timed": False}
+    if cache is not None:
+        cache.store(get(space.variant), p, {**entry, "date": time.strftime("%Y-%m-%d")})
+    return {"problem": p.name, "variant": space.variant, **{k: entry[k] for k in CACHED},
+            "candidates": len(s.candidates), "cache": "miss", "compile_s": 0.0,
+            "tune_s": time.perf_counter() - t0, "status": "ok"}
 
 
 def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None, keep: int = KEEP,
@@ -324,9 +354,14 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
 
 
 def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache | None = None, keep: int = KEEP,
-         exhaustive: bool = False, budget_s: float | None = None, progress: bool = True) -> pd.DataFrame:
+         exhaustive: bool = False, budget_s: float | None = None, progress: bool = True,
+         timed: bool = True) -> pd.DataFrame:
     """Tune ``variant`` on every problem (each in the variant's own dtype, layout and operation,
-    `Variant.adapt`): one row per problem as `tune_problem` gives it, plus ``status``.
+    `Variant.adapt`): one row per problem as `tune_problem` gives it, plus ``status``. With
+    ``timed`` False, the model's pick per problem (`pick`): nothing is built or timed.
+
+    Raises:
+        ValueError: ``exhaustive`` without ``timed`` (the sweep is timing).
 
     The searches are enumerated first and every build they need is compiled in one parallel
     `helpers.compile.build_many`; each problem's ``compile_s`` is its share of that wall time (the
@@ -337,6 +372,16 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
     """
     space = space_of(variant)
     base = get(space.variant)
+    if not timed:
+        if exhaustive:
+            raise ValueError("the exhaustive sweep times every candidate: it cannot run untimed")
+        rows = []
+        for p in (base.adapt(p, op=True) for p in problems):
+            try:
+                rows.append(pick(space, p, cache))
+            except Exception as e:  # noqa: BLE001 - one problem's fault is its row; the run goes on
+                rows.append(_fault_row(space, p, e))
+        return pd.DataFrame(rows)
     arch = base.target(gpu.device_info().cc)
     t0 = time.perf_counter()
     rows: dict[int, dict] = {}
