@@ -396,22 +396,50 @@ def tuning_table(gpu_dir: Path) -> str:
         best = geo(ok.best_ms / ok.ms) if "best_ms" in ok else "—"
         tuned = geo(ok.x_cudnn) if "x_cudnn" in ok else "—"
         rule = geo(ok.rule_x_cudnn) if "rule_x_cudnn" in ok else "—"
+        tops = [geo(ok.best_ms / ok[c]) if c in ok and ok[c].notna().any() else "—" for c in ("top1_ms", "top3_ms")]
         rows.append(f"| [{csv.stem.removeprefix(TUNE_PREFIX)}](benchmarks/results/{gpu_dir.name}/{csv.name}) | "
-                    f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} |")
+                    f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} | {tops[0]} | "
+                    f"{tops[1]} |")
     if not rows:
         return ""
-    head = ["| tuning run | problems tuned | tune s (sum) | tuned ×cuDNN | rule ×cuDNN | tuned / exhaustive best |",
-            "|---|---:|---:|---:|---:|---:|"]
+    head = ["| tuning run | problems tuned | tune s (sum) | tuned ×cuDNN | rule ×cuDNN | tuned / exhaustive best | "
+            "model top-1 / best | top-3 / best |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     return "\n".join([f"### {gpu} — tuning (`python -m benchmarks.tune`)", "", *head, *rows])
+
+
+def train_table(gpu_dir: Path) -> str:
+    """The committed training step on one GPU (``train_step.csv``, `benchmarks.train_step`), a row
+    per kernel set: the forward + backward in ms against torch's, eager (and the host's time to
+    enqueue it) and captured in a CUDA graph where the run did; "" without the file."""
+    csv = gpu_dir / TRAIN_STEP_CSV
+    if not csv.is_file():
+        return ""
+    df = pd.read_csv(csv)
+
+    def cell(row, col: str, fmt: str = ".3f") -> str:
+        v = row.get(col)
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    r0 = df.iloc[0]
+    head = ["| kernels | step ms | torch ms | ×torch | host ms | torch host ms | graphed ms | torch graphed ms "
+            "| ×torch graphed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [f"| {r['kernels']} | {cell(r, 'ms_p50')} | {cell(r, 'torch_ms_p50')} | {cell(r, 'x_torch')} | "
+            f"{cell(r, 'host_ms')} | {cell(r, 'torch_host_ms')} | {cell(r, 'graph_ms_p50')} | "
+            f"{cell(r, 'torch_graph_ms_p50')} | {cell(r, 'x_torch_graph')} |" for _, r in df.iterrows()]
+    return "\n".join([f"### {r0.gpu} — training step (`python -m benchmarks.train_step`)", "",
+                      f"Day 14's model, N = {r0.batch}, fp16 channels_last; torch {r0.torch}, {r0.date}. "
+                      "×torch > 1: faster than torch's step.", "", *head, *rows])
 
 
 def results_section(results_dir: Path = RESULTS) -> str:
     """Every committed results CSV as a table, GPUs and suites in a fixed order, then each GPU's
-    tuning runs (`tuning_table`); or `NO_RESULTS`."""
+    tuning runs (`tuning_table`) and training step (`train_table`); or `NO_RESULTS`."""
     csvs = sorted((p for p in results_dir.glob("*/*.csv")
                    if not p.name.startswith(TUNE_PREFIX) and p.name not in (NOTEBOOKS_CSV, TRAIN_STEP_CSV)),
                   key=lambda p: (p.parent.name, _csv_key(p)))
-    tuning = [t for d in sorted(p for p in results_dir.iterdir() if p.is_dir()) if (t := tuning_table(d))]
+    dirs = sorted(p for p in results_dir.iterdir() if p.is_dir())
+    tuning = [t for d in dirs if (t := tuning_table(d))] + [t for d in dirs if (t := train_table(d))]
     if not csvs and not tuning:
         return NO_RESULTS
     intro = (

@@ -140,6 +140,30 @@ def test_results_tables(tmp_path: Path):
     assert "[CSV](benchmarks/results/nvidia-h200/quick.csv)" in h200_quick
 
 
+def test_tuning_and_training_step_tables(tmp_path: Path):
+    """A GPU's tuning run (with the model's top-1 / top-3 over the exhaustive best where it swept,
+    "—" where it did not) and its training step, eager and graphed, each a table after the suites."""
+    gpu_dir = tmp_path / "nvidia-h100"
+    gpu_dir.mkdir()
+    pd.DataFrame({"problem": ["a", "b"], "status": ["ok", "ok"], "tune_s": [1.0, 2.0], "ms": [1.0, 1.0],
+                  "best_ms": [1.0, 0.81], "top1_ms": [1.0, 0.9], "top3_ms": [1.0, 0.81], "x_cudnn": [1.0, 1.0],
+                  "rule_x_cudnn": [0.9, 0.9], "gpu": "NVIDIA H100"}).to_csv(gpu_dir / "tune_resnet50_x_fp16_NHWC.csv",
+                                                                           index=False)
+    pd.DataFrame({"problem": ["a"], "status": ["ok"], "tune_s": [1.0], "ms": [1.0], "gpu": "NVIDIA H100"}).to_csv(
+        gpu_dir / "tune_outside_x_fp16_NHWC.csv", index=False)
+    pd.DataFrame([{"kernels": "days 13-14", "ms_p50": 4.0, "torch_ms_p50": 3.0, "x_torch": 0.75, "host_ms": 5.0,
+                   "torch_host_ms": 4.0, "graph_ms_p50": 2.0, "torch_graph_ms_p50": 2.5, "x_torch_graph": 1.25,
+                   "gpu": "NVIDIA H100", "batch": 64, "torch": "2.11", "date": "2026-12-07"}]).to_csv(
+        gpu_dir / rt.TRAIN_STEP_CSV, index=False)
+    out = rt.results_section(tmp_path)
+    assert "| [resnet50_x_fp16_NHWC](benchmarks/results/nvidia-h100/tune_resnet50_x_fp16_NHWC.csv) | 2 of 2 | 3.0 | " \
+           "1.000 | 0.900 | 0.900 | 0.949 | 1.000 |" in out  # top-1: geomean(1, 0.9)
+    assert "| [outside_x_fp16_NHWC](benchmarks/results/nvidia-h100/tune_outside_x_fp16_NHWC.csv) | 1 of 1 | 1.0 | " \
+           "— | — | — | — | — |" in out
+    assert "### NVIDIA H100 — training step" in out and out.index("training step") > out.index("tuning")
+    assert "| days 13-14 | 4.000 | 3.000 | 0.750 | 5.000 | 4.000 | 2.000 | 2.500 | 1.250 |" in out
+
+
 def test_render_readme_replaces_only_between_markers(tmp_path: Path):
     _fake_results(tmp_path / "results")
     (tmp_path / "nb").mkdir()
