@@ -22,6 +22,7 @@ import torch
 
 _ctx = None
 _device = 0  # the device of the shared context: the one `init` was (or will be) called for
+CU_STREAM_NON_BLOCKING = 1  # the driver's flag: no implicit sync with the legacy default stream (as torch's streams)
 _streams: dict[int, object] = {}  # handle -> the pycuda Stream `stream` made (one, kept for the process)
 
 
@@ -106,7 +107,8 @@ def thread_context():
 
 def stream() -> torch.cuda.ExternalStream:
     """The series' side stream: a stream of the shared context other than the default, made by
-    pycuda (which launches only on streams it made) once per process and wrapped for torch
+    pycuda (which launches only on streams it made) once per process, non-blocking like torch's
+    own streams (order it against others with ``wait_stream``), and wrapped for torch
     (``torch.cuda.ExternalStream``), so ``with torch.cuda.stream(s):`` puts torch's ops and the
     series' kernels on it. Its use: capturing work in a CUDA graph (`capture`), which the legacy
     default stream, where the kernels launch otherwise, cannot be.
@@ -119,7 +121,7 @@ def stream() -> torch.cuda.ExternalStream:
         import pycuda.driver as drv
 
         with thread_context():
-            s = drv.Stream()
+            s = drv.Stream(CU_STREAM_NON_BLOCKING)
         _streams[s.handle] = s
     return torch.cuda.ExternalStream(next(iter(_streams)), device=context_device())
 
