@@ -351,6 +351,8 @@ def test_a_launch_on_a_stream_not_ours_is_refused_before_it_runs():
     dy, w = p.make_inputs(device="cuda", seed=1)
     with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(RuntimeError, match="helpers.gpu.stream"):
         run("dgrad", p, dy, w)
-    with torch.cuda.stream(gpu.stream()):
+    side = gpu.stream()
+    side.wait_stream(torch.cuda.current_stream())  # non-blocking: it waits for dy and w only when told
+    with torch.cuda.stream(side):
         on_side = run("dgrad", p, dy, w).clone()
     assert bitwise_equal(on_side, run("dgrad", p, dy, w))
