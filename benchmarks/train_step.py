@@ -104,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             F.cross_entropy(net(x_big).float(), y_big).backward()
         return step
 
-    def graphed(net):
-        return time_gpu(gpu.capture(fwd_bwd(net)).replay, target_ms=100)
+    def graphed(net) -> tuple[float, str]:
+        """(median ms of the step's graph replayed, "") or (NaN, why the capture failed): a
+        failure is recorded in the row and the run goes on."""
+        try:
+            return time_gpu(gpu.capture(fwd_bwd(net)).replay, target_ms=100).ms_p50, ""
+        except Exception as e:  # noqa: BLE001 - recorded, the eager rows still stand
+            torch.cuda.synchronize()
+            return float("nan"), f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
     rows, bad = [], []
     ref_t = ref_host = ref_graph = None
@@ -122,22 +128,23 @@ def main(argv: list[str] | None = None) -> int:
         ref_t = ref_t or time_gpu(fwd_bwd(ref_b), target_ms=100)
         host = host_ms(fwd_bwd(ours_b))
         ref_host = ref_host if ref_host is not None else host_ms(fwd_bwd(ref_b))
-        g = graphed(ours_b)
+        g_ms, g_err = graphed(ours_b)
         ref_graph = ref_graph or graphed(ref_b)
         taken = train.paths(clear=True)  # this set's calls only
         ran = sorted({(op, pick.variant.name) for (op, _), pick in taken.items()})
         rows.append({"kernels": name, "ms_p50": t.ms_p50, "ms_p20": t.ms_p20, "ms_p80": t.ms_p80,
                      "torch_ms_p50": ref_t.ms_p50, "x_torch": ref_t.ms_p50 / t.ms_p50,
-                     "host_ms": host, "torch_host_ms": ref_host, "graph_ms_p50": g.ms_p50,
-                     "torch_graph_ms_p50": ref_graph.ms_p50, "x_torch_graph": ref_graph.ms_p50 / g.ms_p50,
+                     "host_ms": host, "torch_host_ms": ref_host, "graph_ms_p50": g_ms,
+                     "torch_graph_ms_p50": ref_graph[0], "x_torch_graph": ref_graph[0] / g_ms,
+                     "graph_error": "; ".join(e for e in (g_err, ref_graph[1]) if e),
                      "loss_max_rel_diff": diff, "ran": "; ".join(f"{op}: {v}" for op, v in ran)})
         for (op, layer), pick in sorted(taken.items()):
             print(f"  {name}: {op} {layer}: {pick}")
         print(f"{name}: forward + backward at N = {args.batch}: {t.ms_p50:.3f} ms (p20 {t.ms_p20:.3f}, p80 "
               f"{t.ms_p80:.3f}); torch {ref_t.ms_p50:.3f} ms; x torch {ref_t.ms_p50 / t.ms_p50:.3f}; host "
-              f"{host:.3f} ms to enqueue (torch {ref_host:.3f}); in a CUDA graph {g.ms_p50:.3f} ms (torch "
-              f"{ref_graph.ms_p50:.3f}; x torch {ref_graph.ms_p50 / g.ms_p50:.3f}); losses within {diff:.2g} of "
-              "torch's", flush=True)
+              f"{host:.3f} ms to enqueue (torch {ref_host:.3f}); in a CUDA graph {g_ms:.3f} ms (torch "
+              f"{ref_graph[0]:.3f}; x torch {ref_graph[0] / g_ms:.3f}{'; ' + g_err if g_err else ''}); losses within "
+              f"{diff:.2g} of torch's", flush=True)
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     meta = {**gpu.versions(), "batch": args.batch, "steps": args.steps, "date": today}
     out = args.out or RESULTS / gpu.gpu_slug(meta["gpu"])
