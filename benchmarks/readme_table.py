@@ -383,7 +383,7 @@ def tuning_table(gpu_dir: Path) -> str:
     where the run swept; "" without such files."""
     rows, gpu = [], gpu_dir.name
     for csv in sorted(gpu_dir.glob(f"{TUNE_PREFIX}*.csv")):
-        if csv.stem.endswith("_sweep"):
+        if csv.stem.endswith(("_sweep", "_untimed")):  # a sweep; the model's picks, nothing tuned
             continue
         df = pd.read_csv(csv)
         gpu = str(df.gpu.iloc[0]) if "gpu" in df and len(df) else gpu
@@ -396,7 +396,8 @@ def tuning_table(gpu_dir: Path) -> str:
         best = geo(ok.best_ms / ok.ms) if "best_ms" in ok else "—"
         tuned = geo(ok.x_cudnn) if "x_cudnn" in ok else "—"
         rule = geo(ok.rule_x_cudnn) if "rule_x_cudnn" in ok else "—"
-        tops = [geo(ok.best_ms / ok[c]) if c in ok and ok[c].notna().any() else "—" for c in ("top1_ms", "top3_ms")]
+        tops = [geo(ok.sweep_best_ms / ok[c]) if c in ok and ok[c].notna().any() else "—"
+                for c in ("top1_ms", "top3_ms")]
         rows.append(f"| [{csv.stem.removeprefix(TUNE_PREFIX)}](benchmarks/results/{gpu_dir.name}/{csv.name}) | "
                     f"{len(ok)} of {len(df)} | {ok.tune_s.sum():.1f} | {tuned} | {rule} | {best} | {tops[0]} | "
                     f"{tops[1]} |")

@@ -722,8 +722,9 @@ def space_variant(config: str) -> Variant:
 
 
 def ladder(p: Conv2dProblem, tile: WgradWgmmaTile, sms: int = DEFAULT_SMS) -> list[int]:
-    """The split factors tried for ``tile``: 1, 2, 4, ... while the units (tiles x splits) stay
-    under two per SM and each split keeps `MIN_SPLIT_STEPS` steps, and the rule's (`choose_splits`)."""
+    """The split factors tried for ``tile``: 1, 2, 4, ... up to the first whose units (tiles x
+    splits) reach two per SM, each split keeping `MIN_SPLIT_STEPS` steps, and the rule's
+    (`choose_splits`)."""
     top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
     out, s = {1, choose_splits(p, tile, sms)}, 2
     while s <= top and tile_count(p, tile) * s // 2 < 2 * sms:
@@ -760,7 +761,7 @@ def space_variations(config: str, p: Conv2dProblem) -> list[str]:
     (a launch argument: no new build)."""
     tile, s = parse_space_config(config)
     top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
-    seen = set(ladder(p, tile))
+    seen = set(ladder(p, tile, device_sms()))  # the candidates' ladder: the machine's SMs are the GPU's
     return [space_config(tile, f) for f in sorted({round(s / 2**0.5), round(s * 2**0.5)})
             if 1 <= f <= top and f not in seen]
 

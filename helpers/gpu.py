@@ -133,12 +133,12 @@ def capture(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
     As torch's docs ask (``torch.cuda.graph``): ``warmup`` calls on the side stream (`stream`)
     first, which also build the kernels and keep their plans, then one call captured there. The
     graph keeps the addresses it was captured with: write new inputs into the same tensors, read
-    outputs (e.g. ``.grad``) from the tensors the captured call made. A launch on another stream,
-    a synchronisation or an allocation outside torch's allocator inside ``fn`` raises torch's
-    capture error.
+    outputs (e.g. ``.grad``) from the tensors the captured call made. A synchronisation or an
+    allocation outside torch's allocator inside ``fn`` fails the capture (torch's error); so does
+    a launch on another stream (the driver's error, through torch or pycuda).
 
     Raises:
-        NoGPUError: see `init`; RuntimeError: torch's, for what cannot be captured.
+        NoGPUError: see `init`; RuntimeError (or pycuda's LaunchError): what cannot be captured.
     """
     s = stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -150,6 +150,15 @@ def capture(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(g, stream=s):
         fn()
     return g
+
+
+def capturing() -> bool:
+    """Whether torch's current stream is capturing a CUDA graph (no synchronisation may run);
+    False without a CUDA build of torch or a GPU. Never raises."""
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a CPU build's stub
+        return False
 
 
 def launch_stream(handle: int):

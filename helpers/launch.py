@@ -227,7 +227,8 @@ def compiled(plan: Plan, device: torch.device, arch: str) -> list[Launcher]:
 
 @dataclass
 class Prepared:
-    """What `prepare` returns with the output: call it to launch every kernel once, in order.
+    """What `prepare` returns with the output: call it to launch every kernel once, in order, on
+    the stream that was torch's current one when `prepare` ran (prepare again after changing it).
 
     ``plan`` is the `helpers.variants.Plan` it runs; ``kernels`` maps each launch's name to a
     closure that launches that kernel alone (call them in order: a later kernel reads what an

@@ -146,7 +146,8 @@ def test_tuning_and_training_step_tables(tmp_path: Path):
     gpu_dir = tmp_path / "nvidia-h100"
     gpu_dir.mkdir()
     pd.DataFrame({"problem": ["a", "b"], "status": ["ok", "ok"], "tune_s": [1.0, 2.0], "ms": [1.0, 1.0],
-                  "best_ms": [1.0, 0.81], "top1_ms": [1.0, 0.9], "top3_ms": [1.0, 0.81], "x_cudnn": [1.0, 1.0],
+                  "best_ms": [1.0, 0.81], "sweep_best_ms": [1.0, 0.81], "top1_ms": [1.0, 0.9], "top3_ms": [1.0, 0.81],
+                  "x_cudnn": [1.0, 1.0],
                   "rule_x_cudnn": [0.9, 0.9], "gpu": "NVIDIA H100"}).to_csv(gpu_dir / "tune_resnet50_x_fp16_NHWC.csv",
                                                                            index=False)
     pd.DataFrame({"problem": ["a"], "status": ["ok"], "tune_s": [1.0], "ms": [1.0], "gpu": "NVIDIA H100"}).to_csv(
@@ -155,7 +156,10 @@ def test_tuning_and_training_step_tables(tmp_path: Path):
                    "torch_host_ms": 4.0, "graph_ms_p50": 2.0, "torch_graph_ms_p50": 2.5, "x_torch_graph": 1.25,
                    "gpu": "NVIDIA H100", "batch": 64, "torch": "2.11", "date": "2026-12-07"}]).to_csv(
         gpu_dir / rt.TRAIN_STEP_CSV, index=False)
+    pd.DataFrame({"problem": ["a"], "status": ["ok"], "tune_s": [0.0], "config": ["c"]}).to_csv(
+        gpu_dir / "tune_resnet50_x_fp16_NHWC_untimed.csv", index=False)  # --no-time: nothing tuned, no row
     out = rt.results_section(tmp_path)
+    assert "untimed" not in out
     assert "| [resnet50_x_fp16_NHWC](benchmarks/results/nvidia-h100/tune_resnet50_x_fp16_NHWC.csv) | 2 of 2 | 3.0 | " \
            "1.000 | 0.900 | 0.900 | 0.949 | 1.000 |" in out  # top-1: geomean(1, 0.9)
     assert "| [outside_x_fp16_NHWC](benchmarks/results/nvidia-h100/tune_outside_x_fp16_NHWC.csv) | 1 of 1 | 1.0 | " \

@@ -115,7 +115,7 @@ def test_wgrad_wgmma_space_is_tiles_times_a_split_ladder(machine):
             d19.parse_space_config(bad)
 
 
-def test_the_split_ladder_stops_at_two_units_per_sm():
+def test_the_split_ladder_stops_at_the_first_split_of_two_units_per_sm():
     p = suite("resnet50", op="wgrad", **NHWC16)[2]  # C64 56x56 K64 3x3: 9 tiles of 64 x 64
     tile = d19.BY_NAME["64x64_c1_s8"]
     assert d19.ladder(p, tile, 132) == sorted({1, 2, 4, 8, 16, 32, d19.choose_splits(p, tile, 132)})

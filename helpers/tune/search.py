@@ -257,8 +257,10 @@ def measure(space: Space, search: Search, cache: TuneCache | None = None) -> dic
 def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     """The exhaustive answer, to judge the tuner by: every candidate and each of its variations
     timed (``reps`` repetitions; outputs checked as in `measure`), then the fastest re-timed and
-    checked as the tuner's winner is. Returns ``best_config``, ``best_ms``, ``exhaustive_s`` and
-    ``sweep`` ({config: (model_us, ms)}, NaN for a disagreeing or faulting one).
+    checked as the tuner's winner is. Returns ``best_config``, ``best_ms``, ``exhaustive_s``,
+    ``sweep`` ({config: (model_us, ms)}, NaN for a disagreeing or faulting one; a variation
+    carries its candidate's prediction) and ``sweep_variations`` (the configurations timed only
+    as a candidate's variation: not the model's picks).
 
     Raises:
         RuntimeError: no configuration passed the check."""
@@ -266,15 +268,17 @@ def sweep(space: Space, search: Search, reps: int = QUICK_REPS) -> dict:
     p = search.problem
     inputs = _inputs(p)
     ref = Reference.of(p, inputs)
-    trials = {}
+    trials, varied = {}, set()
     for c in search.candidates:
         for cfg in [c.config, *space.variations(c.config, p)]:
+            if cfg != c.config:
+                varied.add(cfg)
             trials[cfg] = search.trial(c if cfg == c.config else Candidate(cfg, space.variant_for(cfg, p), c.model_us))
             trials[cfg].run(inputs, ref, reps)
     times = {cfg: (t.candidate.model_us, t.best_ms if t.ms else math.nan) for cfg, t in trials.items()}
     best, best_ms = _final(trials, inputs, ref, f"{space.variant} on {p.name}")
     return {"best_config": best.candidate.config, "best_ms": best_ms, "exhaustive_s": time.perf_counter() - t0,
-            "sweep": times}
+            "sweep": times, "sweep_variations": frozenset(varied - {c.config for c in search.candidates})}
 
 
 def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None, timed: bool = True) -> dict | None:
@@ -289,9 +293,10 @@ def _hit_row(space: Space, p: Conv2dProblem, cache: TuneCache | None, timed: boo
 
 
 def pick(space: Space, p: Conv2dProblem, cache: TuneCache | None = None) -> dict:
-    """The model's first choice for ``p``, with no build and no timing (``--no-time``): the
-    candidate of least predicted time among those this GPU supports (`enumerate_search`, on the
-    measured machine). Stored in ``cache`` as not timed (``ms`` and ``rule_ms`` NaN, ``"timed":
+    """The model's first choice for ``p``, with no build and no timing of a candidate
+    (``--no-time``): the candidate of least predicted time among those this GPU supports
+    (`enumerate_search`, on the measured machine: the probe runs once if this environment has no
+    record, `helpers.tune.probe.machine_for`). Stored in ``cache`` as not timed (``ms`` and ``rule_ms`` NaN, ``"timed":
     False``) and not checked: `tuned` checks it against the float64 reference the first time it
     runs (else the rule's runs), and a timed search replaces it. Returns the row `tune_problem`
     describes, with ``config``, ``rule_config``, ``model_rank`` 1, ``candidates``, ``tune_s``
@@ -493,6 +498,8 @@ def tuned(variant: str | Variant, cache: TuneCache | None = None) -> Variant:
         name, plan = hit(p)
         if name is None or (p, name) in verdicts or not gpu.has_gpu() or config != plan.config:
             return verdicts.get((p, name), config)
+        if gpu.capturing():  # a check synchronises: the rule's runs, a later call checks
+            return base.config_fn(p)
         try:
             r = check(plan)
         except Exception as e:  # noqa: BLE001 - not the choice's verdict: the rule runs, the next call retries
