@@ -61,6 +61,12 @@
 // jobs' stores, c then b fastest, hit distinct banks).
 //   F(2): 16*8*32 + max(16*8*32, 4*8*164) floats = 37,376 B;  F(4): 36*4*16 + 36*4*32 = 27,648 B.
 //
+// Registers (-Xptxas -v, CUDA 13.0, __launch_bounds__(256, 2): at most 128), main kernel, no spills,
+// no stack on sm_75, 80, 86, 89, 90, 120: F(2) 113-123, F(4) 124-128 (the NP x TT x TK accumulators
+// are live through the whole loop; the channel loop of the GEMM step is kept rolled, `#pragma unroll 1`,
+// and the epilogue's A^T M A streams one column of M at a time, or F(4) spills a few bytes).
+// F(6) (64 positions) is not offered: the tiles tried (8 x 32 x 4, 8 x 16 x 4) spill at 128 registers.
+//
 // Rounding: every accumulator is one chain of fmaf over the channels c = 0, 1, ... in ascending
 // order, starting from 0 (chunks in order, channels in order within a chunk; channels past C add
 // fmaf(0, 0, acc)), the transforms the pipeline's: the same operations in the same order as the
