@@ -72,6 +72,8 @@
 // fmaf(0, 0, acc)), the transforms the pipeline's: the same operations in the same order as the
 // pipeline's M = U V and y = A^T M A, so the same `rounding_depth`. Nothing depends on the block
 // or grid: two runs agree bit for bit, and an image alone agrees with the same image in a batch.
+// (tests/test_winograd_host.py runs this file's code on CPU threads, with the C library's fmaf: its y
+// equals 20_winograd.cu's, run the same way, bit for bit.)
 //
 // Assumes: stride 1, dilation 1, groups 1, a 3 x 3 filter, fp32; NCHW x [N][C][H][W], KCRS w,
 // NCHW y [N][K][P][Q], or NHWC x [N][H][W][C], KRSC w [K][3][3][C], NHWC y [N][P][Q][K]; any
