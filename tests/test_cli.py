@@ -89,7 +89,8 @@ def test_default_variants_follow_dtype_and_layout():
 
     assert default_variants(parse_args([])) == [v for v in all_variants() if v.op == "fprop"]
     nhwc = {v.name for v in default_variants(parse_args(["--layout", "NHWC"]))}
-    assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic", "winograd_f2", "winograd_f4"}
+    assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic", "winograd_f2", "winograd_f4", "winograd_f2_fused",
+                    "winograd_f4_fused"}
     fp16 = {v.name for v in default_variants(parse_args(["--dtype", "fp16", "--layout", "NHWC"]))}
     assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined", "igemm_production", "igemm_wgmma"}
     fp32 = {v.name for v in default_variants(parse_args(["--dtype", "fp32"]))}

@@ -13,6 +13,8 @@
 // exactly in days/day20_winograd.py (`winograd(m)`) and passed as -D defines (`kernel_defines`):
 //   WINO_M = m;  WINO_AT, WINO_G, WINO_BT: the matrices row by row, each entry WINO_E(value) with
 //   value the float32 nearest the exact fraction (a comma-free list: nvcc splits -D values at commas).
+// The matrices and the tile transforms (mul_left, mul_right_t, filter_tile, input_tile, output_tile,
+// TileOrigin) live in winograd_transforms.cuh, which day 20's fused kernel (20_winograd_fused.cu) shares.
 //
 // The kernels of a run, in launch order (grid-stride loops over 1-D grids of 256 threads, except the GEMM):
 //   wino_filter_<layout>  w -> U = G g G^T, per (filter k, channel c)
@@ -51,75 +53,9 @@
 // padding, any H, W, C, K. The workspace 16-byte aligned (each part starts 256-byte aligned).
 // Offsets that grow with the tensors are 64-bit; T, Cp, Kp, Tp and the GEMM's grid fit their ints
 // (days/day20_winograd.py refuses what does not, and a workspace over its limit).
-#include "conv2d_common.cuh"  // idx_t, CEIL_DIV
+#include "winograd_transforms.cuh"  // WM, WR, WN, MatAT/MatG/MatBT, mul_left, mul_right_t, the tiles
 
-#ifndef WINO_M
-#error "WINO_M (the output tile side m of F(m x m, 3 x 3)) must be defined, with WINO_AT, WINO_G, WINO_BT"
-#endif
-#if !defined(WINO_AT) || !defined(WINO_G) || !defined(WINO_BT)
-#error "WINO_AT, WINO_G and WINO_BT (the transforms, from days/day20_winograd.py kernel_defines) must be defined"
-#endif
-
-constexpr int WM = WINO_M;      // output tile side m
-constexpr int WR = 3;           // filter side r
-constexpr int WN = WINO_M + 2;  // input tile side n = m + r - 1: also the transform positions per side
 constexpr int W_THREADS = 256;  // the transforms' blocks
-
-#define WINO_E(v) v,  // one entry of a generated matrix
-
-// The transforms as compile-time matrices: T::v(i, j) is a constant once the loops are unrolled,
-// so a zero entry costs nothing and a +-1 entry becomes an add.
-struct MatAT {  // A^T, m x n
-    static constexpr int rows = WM, cols = WN;
-    __host__ __device__ static constexpr float v(int i, int j) {
-        constexpr float t[WM][WN] = {WINO_AT};
-        return t[i][j];
-    }
-};
-struct MatG {  // G, n x r
-    static constexpr int rows = WN, cols = WR;
-    __host__ __device__ static constexpr float v(int i, int j) {
-        constexpr float t[WN][WR] = {WINO_G};
-        return t[i][j];
-    }
-};
-struct MatBT {  // B^T, n x n
-    static constexpr int rows = WN, cols = WN;
-    __host__ __device__ static constexpr float v(int i, int j) {
-        constexpr float t[WN][WN] = {WINO_BT};
-        return t[i][j];
-    }
-};
-
-// out = T . in: out[i][j] = sum_l T(i, l) in[l][j], l ascending, zero entries skipped.
-template <class T, int COLS>
-__device__ __forceinline__ void mul_left(const float (&in)[T::cols][COLS], float (&out)[T::rows][COLS]) {
-#pragma unroll
-    for (int i = 0; i < T::rows; ++i)
-#pragma unroll
-        for (int j = 0; j < COLS; ++j) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int l = 0; l < T::cols; ++l)
-                if (T::v(i, l) != 0.0f) acc = fmaf(T::v(i, l), in[l][j], acc);
-            out[i][j] = acc;
-        }
-}
-
-// out = in . T^T: out[i][j] = sum_l in[i][l] T(j, l), l ascending, zero entries skipped.
-template <class T, int ROWS>
-__device__ __forceinline__ void mul_right_t(const float (&in)[ROWS][T::cols], float (&out)[ROWS][T::rows]) {
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < T::rows; ++j) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int l = 0; l < T::cols; ++l)
-                if (T::v(j, l) != 0.0f) acc = fmaf(in[i][l], T::v(j, l), acc);
-            out[i][j] = acc;
-        }
-}
 
 // The grid-stride loop of the transforms: for (i = first; i < total; i += step).
 #define GRID_STRIDE_LOOP(i, total)                                                    \
@@ -127,12 +63,6 @@ __device__ __forceinline__ void mul_right_t(const float (&in)[ROWS][T::cols], fl
          i += (idx_t)gridDim.x * blockDim.x)
 
 // ---- step 1: the filter transform, U = G g G^T ----------------------------------------------------
-
-__device__ __forceinline__ void filter_tile(const float (&g)[WR][WR], float (&u)[WN][WN]) {
-    float gg[WN][WR];
-    mul_left<MatG>(g, gg);
-    mul_right_t<MatG>(gg, u);
-}
 
 // NCHW: w KCRS -> U[n^2][K][Cp]; element i = k Cp + c (c fastest: a warp writes consecutive channels);
 // c >= C: zeros.
@@ -179,23 +109,6 @@ extern "C" __global__ void __launch_bounds__(W_THREADS)
 }
 
 // ---- step 2: the input transform, V = B^T d B -----------------------------------------------------
-
-// Tile t -> image n and the top-left input pixel (h0, w0) of its n x n patch.
-struct TileOrigin {
-    int n, h0, w0;
-    __device__ __forceinline__ TileOrigin(int t, int tP, int tQ, int ph, int pw) {
-        n = t / (tP * tQ);
-        const int rem = t - n * (tP * tQ), th = rem / tQ, tw = rem - th * tQ;
-        h0 = th * WM - ph;
-        w0 = tw * WM - pw;
-    }
-};
-
-__device__ __forceinline__ void input_tile(const float (&d)[WN][WN], float (&v)[WN][WN]) {
-    float bd[WN][WN];
-    mul_left<MatBT>(d, bd);
-    mul_right_t<MatBT>(bd, v);
-}
 
 // NCHW: x [N][C][H][W] -> V[n^2][Cp][Tp]; element i = c Tp + t (t fastest: a warp writes
 // consecutive tiles and reads the rows of neighbouring patches); c >= C or t >= T: zeros.
@@ -395,12 +308,6 @@ WINO_GEMM_ENTRY(64, 128, 2)
 WINO_GEMM_ENTRY(64, 64, 2)
 
 // ---- step 4: the output transform, y = A^T M A ----------------------------------------------------
-
-__device__ __forceinline__ void output_tile(const float (&mt)[WN][WN], float (&y)[WM][WM]) {
-    float am[WM][WN];
-    mul_left<MatAT>(mt, am);
-    mul_right_t<MatAT>(am, y);
-}
 
 // NCHW: M[n^2][K][Tp] -> y [N][K][P][Q]; element i = k T + t (t fastest: a warp reads consecutive
 // tiles); writes the tile's pixels inside P x Q.

@@ -17,6 +17,13 @@ half): winograd_f2 and winograd_f4, the non-fused pipeline of kernels/conv2d/20_
 * bad input refused before any launch (stride 2, a 5 x 5 filter, fp64 tensors, a workspace over
   the limit), y untouched.
 
+The fused kernels (winograd_f2_fused, winograd_f4_fused: kernels/conv2d/20_winograd_fused.cu), the
+same way: against the reference with day 20's bound (normal, integer: bit-exact through F(2) only,
+cancelling), the ResNet-50 layers, equal to the pipeline (the same roundings in the same order),
+NaN-poisoned workspace and y, bitwise repeats and a batch equal to its images alone, the filter
+launch against `simulate_filter`; planted faults (a grid one block short, no filter transform, an
+edge column misplaced, a channel chunk dropped) caught; bad problems refused before a launch.
+
 Skipped (tests/conftest.py) without a CUDA device or pycuda.
 """
 
@@ -231,3 +238,171 @@ def test_bad_tensors_and_a_huge_workspace_are_refused_before_a_launch():
         prepare(VARIANTS[2], big, torch.empty(0, device="cuda"), torch.empty(0, device="cuda"))
     r = check(VARIANTS[2], p)  # the context still runs a check afterwards
     assert r.ok, r.reason
+
+
+# ==============================================================================================
+# The fused kernels (kernels/conv2d/20_winograd_fused.cu; tests/test_winograd_fused.py is the CPU half)
+# ==============================================================================================
+
+FUSED = {2: w20.WINOGRAD_FUSED[2], 4: w20.WINOGRAD_FUSED[4]}
+
+
+@pytest.mark.parametrize("kind", ["normal", "int", "cancel"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_against_the_reference(name: str, m: int, layout: str, kind: str):
+    """`check` (y poisoned with NaN, a bitwise repeat) with day 20's bound; integers bit-exact
+    through F(2) only."""
+    v, p = FUSED[m], problem(CASES[name], layout)
+    if p.supports_kind(kind):
+        pytest.skip(p.supports_kind(kind))
+    assert v.supports(p) is None, v.supports(p)
+    r = check(v, p, kind=kind)
+    assert r.ok and r.repeat_bitwise and r.nonfinite == 0, f"{v.name} on {name} ({layout}, {kind}): {r.reason}"
+    if kind == "int":
+        assert r.exact is (True if m == 2 else None), r
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("p", RESNET_3X3_N32, ids=lambda p: p.name)
+def test_fused_resnet50_3x3_layers(p: Conv2dProblem, m: int, layout: str):
+    q = dataclasses.replace(p, layout=layout, name="")
+    r = check(FUSED[m], q)
+    assert r.ok, f"{FUSED[m].name} on {q.name} ({layout}): {r.reason}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_equals_the_pipeline(m: int, layout: str):
+    """The same transforms and the same fmaf chain over the channels in the same order: the fused
+    output equals the pipeline's (==, so only a zero's sign may differ: the pipeline pads C to 8,
+    the fused kernel to BC)."""
+    for name in ("odd sizes, N = 2, C = 3", "C = 45, K = 33 (no tile divides them)", "a long reduction, C = 300"):
+        p = problem(CASES[name], layout)
+        x, w = p.make_inputs(device="cuda", seed=6)
+        fused = run(FUSED[m], p, x, w).clone()
+        pipe = run(VARIANTS[m], p, x, w)
+        torch.cuda.synchronize()
+        assert torch.equal(fused, pipe), (name, float((fused - pipe).abs().max()))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_nan_poisoned_workspace_and_y_change_nothing_and_runs_repeat_bitwise(m: int, layout: str):
+    v, p = FUSED[m], problem(CASES["K = 130, several tiles both ways"], layout)
+    x, w = p.make_inputs(device="cuda", seed=2)
+    clean = run(v, p, x, w).clone()
+    prepared, out = prepare(v, p, x, w)
+    for _ in range(2):
+        prepared.workspace.view(torch.float32).fill_(float("nan"))
+        out.fill_(float("nan"))
+        prepared()
+        torch.cuda.synchronize()
+        assert bitwise_equal(out, clean), "a NaN-poisoned workspace or y changed the result"
+    d = compare(p, x, w, clean, model=v.error_model)
+    assert d["nonfinite"] == 0 and d["worst_err_over_bound"] <= 1, d
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_batch_is_its_images_alone_bit_for_bit(m: int, layout: str):
+    v, p = FUSED[m], problem((3, 21, 17, 19, 40, 1), layout)
+    x, w = p.make_inputs(device="cuda", seed=3)
+    y = run(v, p, x, w).clone()
+    p1 = dataclasses.replace(p, N=1, name="")
+    for n in range(p.N):
+        y1 = run(v, p1, x[n:n + 1].contiguous(), w)
+        torch.cuda.synchronize()
+        assert bitwise_equal(y[n:n + 1], y1), n
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_filter_transform_is_the_simulation(m: int, layout: str):
+    """The filter launch alone (workspace NaN first): the blocked U equals `simulate_filter` in
+    float32 to a few units of the last place, every element written."""
+    v, p = FUSED[m], problem((2, 13, 11, 9, 37, (1, 2)), layout)
+    x, w = p.make_inputs(device="cuda", seed=8)
+    want = w20.simulate_filter(p, w.cpu().numpy(), w20.FUSED_TILES[m], np.float32)
+    prepared, _ = prepare(v, p, x, w)
+    ws = prepared.workspace.view(torch.float32)
+    ws.fill_(float("nan"))
+    prepared.kernels["filter"]()
+    torch.cuda.synchronize()
+    got = ws[: want.size].cpu().numpy()
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def with_main_args(v, name: str, change):
+    """A planted fault: the main launch's arguments (or config) changed by ``change(launch)``."""
+    def launches(p, ep, cfg):
+        return [change(k) if k.name == "main" else k for k in v.launches_fn(p, ep, cfg)]
+    return dataclasses.replace(v, name=f"{v.name}_{name}", launches_fn=launches)
+
+
+def run_poisoned(v, p, seed: int = 4):
+    x, w = p.make_inputs(device="cuda", seed=seed)
+    prepared, out = prepare(v, p, x, w)
+    prepared.workspace.view(torch.float32).fill_(float("nan"))
+    out.fill_(float("nan"))
+    prepared()
+    torch.cuda.synchronize()
+    return compare(p, x, w, out, model=v.error_model)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_planted_faults_are_caught(m: int, layout: str):
+    """The clean run passes; a grid one block short (outputs never written: NaN), a run without the
+    filter transform (U read NaN), the main kernel told one output column fewer (the edge tiles'
+    last column unwritten, every row placed with the wrong pitch) fail."""
+    v, p = FUSED[m], problem((2, 16, 14, 15, 40, 1), layout)
+    clean = run_poisoned(v, p)
+    assert clean["nonfinite"] == 0 and clean["worst_err_over_bound"] <= 1, clean
+    short = with_main_args(v, "short_grid", lambda k: dataclasses.replace(
+        k, config=dataclasses.replace(k.config, grid=(k.config.grid[0] - 1, 1, 1))))
+    assert run_poisoned(short, p)["nonfinite"] > 0
+    no_filter = dataclasses.replace(v, name=f"{v.name}_no_filter", launches_fn=lambda q, ep, cfg: [
+        k for k in v.launches_fn(q, ep, cfg) if k.name != "filter"])
+    assert run_poisoned(no_filter, p)["nonfinite"] > 0
+    q_arg = 9  # x, Ub, y, N, C, H, W, K, P, Q
+    edge = with_main_args(v, "edge", lambda k: dataclasses.replace(
+        k, args=k.args[:q_arg] + (np.int32(int(k.args[q_arg]) - 1),) + k.args[q_arg + 1:]))
+    d = run_poisoned(edge, p)
+    assert d["nonfinite"] > 0 or d["worst_err_over_bound"] > 1, d
+
+
+def test_fused_dropped_channel_chunk_is_caught():
+    """N = 1, NCHW: the main kernel told C - BC channels (x's channel stride unused for image 0)
+    skips the last chunk: past the bound."""
+    v, p = FUSED[4], problem((1, 16, 14, 15, 40, 1))
+    c_arg = 4
+    bc = w20.FUSED_TILES[4].bc
+    drop = with_main_args(v, "drop_chunk", lambda k: dataclasses.replace(
+        k, args=k.args[:c_arg] + (np.int32(int(k.args[c_arg]) - bc),) + k.args[c_arg + 1:]))
+    d = run_poisoned(drop, p)
+    assert d["nonfinite"] == 0 and d["worst_err_over_bound"] > 1, d
+
+
+@pytest.mark.parametrize("spec, words", [
+    (dict(N=1, C=3, H=9, W=9, K=4, R=3, S=3, padding=1, stride=2), "needs stride 1"),
+    (dict(N=1, C=3, H=9, W=9, K=4, R=5, S=5, padding=2), "3 x 3 filter"),
+    (dict(N=1, C=3, H=9, W=9, K=4, R=3, S=3, padding=2, dilation=2), "needs dilation 1"),
+    (dict(N=1, C=4, H=9, W=9, K=4, R=3, S=3, padding=1, groups=2), "needs groups = 1"),
+])
+def test_fused_bad_problems_are_refused_before_a_launch(spec, words):
+    p = Conv2dProblem(**spec)
+    x, w = p.make_inputs(device="cuda")
+    y = torch.full(p.y_shape, 7.0, device="cuda")
+    for v in FUSED.values():
+        with pytest.raises(UnsupportedProblem, match=words):
+            run(v, p, x, w, out=y)
+    torch.cuda.synchronize()
+    assert bool((y == 7.0).all()), "y was touched before the refusal"
+    q = problem((1, 3, 9, 9, 4, 1))
+    xq, wq = q.make_inputs(device="cuda")
+    with pytest.raises(TypeError, match="torch.float32"):
+        run(FUSED[4], q, xq.double(), wq)

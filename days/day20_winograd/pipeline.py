@@ -71,7 +71,7 @@ from helpers.problem import Conv2dProblem
 from helpers.reference import UNDERFLOW, UNIT_ROUNDOFF, ErrorModel
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
-from .kit import cdiv, gemm_writes, tile_visits
+from ..kit import cdiv, gemm_writes, tile_visits
 
 R = 3  # the filter size this day's kernels take (3 x 3)
 # The finite interpolation points, in the order F(m, r) takes the first n − 1 of them: small

@@ -1,0 +1,18 @@
+"""Day 20: Winograd's minimal filtering F(m x m, 3 x 3) on CUDA cores, fp32, NCHW and NHWC.
+
+* `pipeline` — the transforms built exactly from interpolation points, their float32 constants
+  and rounding bound (`winograd_model`), and the variants ``winograd_f2`` and ``winograd_f4``
+  (``kernels/conv2d/20_winograd.cu``): four launches over a workspace (filter and input
+  transforms, n² batched GEMMs, output transform), with their write models and `simulate`;
+* `fused` — ``winograd_f2_fused`` and ``winograd_f4_fused`` (``kernels/conv2d/20_winograd_fused.cu``):
+  a filter transform, then one kernel that transforms its tiles' input into shared memory chunk by
+  chunk, keeps M in registers and writes y, with no workspace for V or M (`simulate_fused`,
+  `fused_output_writes`); judged by the same `winograd_model`.
+
+Every public name of both modules is re-exported here (``days.day20_winograd.simulate``, ...).
+Both kernel files share the transforms' code, ``kernels/conv2d/winograd_transforms.cuh``.
+"""
+
+from . import fused, pipeline  # noqa: F401 - the modules, by name
+from .fused import *  # noqa: F403 - the package's names are its modules' public names
+from .pipeline import *  # noqa: F403
