@@ -223,3 +223,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_line(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(5)):6d}  "
                                     f"{len(counts) - 5} other reasons (pytest -rs lists every skip)")
 
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """Day 20's `helpers.check.check` with `prepare` replaced by the float32 simulation (on CPU tensors):
+    the harness's own verdict on the arithmetic of the pipeline (`simulate`) and of the fused
+    kernels (`simulate_fused`, for a variant built from the fused kernel file)."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    from days import day20_winograd as w20
+
+    hchk = importlib.import_module("helpers.check")  # the module (the package re-exports its `check`)
+
+    def fake_prepare(plan, x, w, out=None):
+        out = torch.empty(plan.problem.y_shape) if out is None else out
+        m = int(plan.variant.defines["WINO_M"])
+
+        def run():
+            if plan.variant.cu_file == w20.FUSED_CU_FILE:
+                y = w20.simulate_fused(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
+            else:
+                y, _ = w20.simulate(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
+            out.copy_(torch.from_numpy(y))
+
+        return run, out
+
+    monkeypatch.setattr(hchk, "prepare", fake_prepare)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return hchk.check

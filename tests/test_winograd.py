@@ -550,41 +550,20 @@ def test_compare_refuses_a_model_with_a_precomputed_expected_or_another_op():
         compare(q, dy, w, torch.zeros(q.x_shape), model=w20.winograd_model(2))
 
 
-@pytest.fixture
-def simulated_gpu(monkeypatch):
-    """`helpers.check.check` with `prepare` replaced by the float32 simulation (on CPU tensors):
-    the harness's own verdict on the pipeline's arithmetic."""
-    import importlib
-
-    hchk = importlib.import_module("helpers.check")  # the module (the package re-exports its `check`)
-
-    def fake_prepare(plan, x, w, out=None):
-        out = torch.empty(plan.problem.y_shape) if out is None else out
-        m = int(plan.variant.defines["WINO_M"])
-
-        def run():
-            y, _ = w20.simulate(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
-            out.copy_(torch.from_numpy(y))
-
-        return run, out
-
-    monkeypatch.setattr(hchk, "prepare", fake_prepare)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    return hchk.check
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_harness_check_judges_the_pipeline_by_its_model(simulated_gpu, layout):
-    """`check` (normal and int, a repeat compared bitwise) passes both variants with their own bound:
-    F(2) bit-exact on integers, F(4) not required to be (its ``exact`` is None); the cancelling
-    inputs pass too."""
+@pytest.mark.parametrize("fused", [False, True], ids=["pipeline", "fused"])
+def test_the_harness_check_judges_the_kernels_by_their_model(simulated_gpu, fused, layout):
+    """`check` (normal and int, a repeat compared bitwise) passes both variants, pipeline and
+    fused, with their own bound: F(2) bit-exact on integers, F(4) not required to be (its
+    ``exact`` is None); the cancelling inputs pass too."""
     check = simulated_gpu
+    f2, f4 = (get("winograd_f2_fused"), get("winograd_f4_fused")) if fused else (F2, F4)
     p = problem((2, 6, 9, 7, 5, 1), layout)
-    r2 = check(F2, p, device="cpu")
+    r2 = check(f2, p, device="cpu")
     assert r2.ok and r2.kind == "normal+int" and r2.exact is True, r2
-    r4 = check(F4, p, device="cpu")
+    r4 = check(f4, p, device="cpu")
     assert r4.ok and r4.exact is None, r4
-    assert check(F4, p, kind="cancel", device="cpu").ok
+    assert check(f4, p, kind="cancel", device="cpu").ok
 
 
 def test_the_harness_catches_a_dropped_position(simulated_gpu, monkeypatch):

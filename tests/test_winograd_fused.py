@@ -333,42 +333,6 @@ def test_a_misplaced_edge_tile_is_caught(m, layout):
     assert bool(torch.isnan(yl[..., q_last:]).all()) and not bool(torch.isnan(yl[..., :q_last]).any())
 
 
-# ---- the harness's check on the simulation ----------------------------------------------------------
-
-
-@pytest.fixture
-def simulated_gpu(monkeypatch):
-    """`helpers.check.check` with `prepare` replaced by the float32 simulation (on CPU tensors)."""
-    import importlib
-
-    hchk = importlib.import_module("helpers.check")
-
-    def fake_prepare(plan, x, w, out=None):
-        out = torch.empty(plan.problem.y_shape) if out is None else out
-        m = int(plan.variant.defines["WINO_M"])
-
-        def run():
-            y = w20.simulate_fused(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
-            out.copy_(torch.from_numpy(y))
-
-        return run, out
-
-    monkeypatch.setattr(hchk, "prepare", fake_prepare)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    return hchk.check
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_harness_check_judges_the_fused_kernels_by_the_model(simulated_gpu, layout):
-    check = simulated_gpu
-    p = problem((2, 6, 9, 7, 5, 1), layout)
-    r2 = check(F2F, p, device="cpu")
-    assert r2.ok and r2.kind == "normal+int" and r2.exact is True, r2
-    r4 = check(F4F, p, device="cpu")
-    assert r4.ok and r4.exact is None, r4
-    assert check(F4F, p, kind="cancel", device="cpu").ok
-
-
 # ---- the kernel file compiles everywhere, without spills -----------------------------------------------
 
 ENTRIES = {"winof_filter_nchw", "winof_filter_nhwc", "winof_main_nchw", "winof_main_nhwc"}
