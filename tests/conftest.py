@@ -254,3 +254,21 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(hchk, "prepare", fake_prepare)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     return hchk.check
+
+
+def assert_launches_match_signatures(sigs: dict, variants, problems) -> None:
+    """Every launch of each variant on each problem passes as many arguments as its entry's
+    parameters (``sigs``: entry -> the parameter declarations, as written in the ``.cu`` file), a
+    `helpers.variants.Buffer` for each pointer and an ``np.int32`` for each ``int``."""
+    import numpy as np
+
+    from helpers.variants import Buffer
+
+    for p in problems:
+        for v in variants:
+            for k in v.launches(p):
+                params = sigs[k.entry]
+                assert len(params) == len(k.args), (k.entry, params, k.args)
+                for par, arg in zip(params, k.args):
+                    assert ("*" in par) == isinstance(arg, Buffer), (k.entry, par, arg)
+                    assert "*" in par or (par.startswith("int ") and type(arg) is np.int32), (k.entry, par, arg)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_launches_match_signatures
 
 from days import day20_winograd as w20
 from helpers import compile as hc
@@ -409,14 +410,8 @@ def test_every_launch_matches_its_entrys_signature():
                                         "int Kg", "int m_on_x"]
     assert re.search(r"wino_gemm_##BM##x##BN\(const float\* __restrict__ A, const float\* __restrict__ B, "
                      r"float\* __restrict__ Cm,\s*\\\s*int Mg, int Ng, int Kg, int m_on_x\)", src)
-    for layout in LAYOUTS:
-        for v in w20.WINOGRAD.values():
-            for k in v.launches(problem((2, 5, 13, 10, 4, 1), layout)):
-                params = sigs[k.entry]
-                assert len(params) == len(k.args), (k.entry, params, k.args)
-                for par, arg in zip(params, k.args):
-                    assert ("*" in par) == isinstance(arg, Buffer), (k.entry, par, arg)
-                    assert "*" in par or (par.startswith("int ") and type(arg) is np.int32), (k.entry, par, arg)
+    probs = [problem((2, 5, 13, 10, 4, 1), lay) for lay in LAYOUTS]
+    assert_launches_match_signatures(sigs, w20.WINOGRAD.values(), probs)
 
 
 # ---- the whole pipeline, simulated ------------------------------------------------------------------

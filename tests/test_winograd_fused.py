@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_launches_match_signatures
 
 from days import day20_winograd as w20
 from helpers import compile as hc
@@ -117,14 +118,7 @@ def test_every_launch_matches_its_entrys_signature():
     main = [a.strip().rstrip("\\").strip() for a in macro[1].replace("\\\n", " ").split(",")]
     assert re.findall(r"WINOF_MAIN_ENTRY\((winof_main_\w+), ", src) == ["winof_main_nchw", "winof_main_nhwc"]
     sigs |= {"winof_main_nchw": main, "winof_main_nhwc": main}
-    for layout in LAYOUTS:
-        for v in FUSED.values():
-            for k in v.launches(problem((2, 5, 13, 10, 4, 1), layout)):
-                params = sigs[k.entry]
-                assert len(params) == len(k.args), (k.entry, params, k.args)
-                for par, arg in zip(params, k.args):
-                    assert ("*" in par) == isinstance(arg, Buffer), (k.entry, par, arg)
-                    assert "*" in par or (par.startswith("int ") and type(arg) is np.int32), (k.entry, par, arg)
+    assert_launches_match_signatures(sigs, FUSED.values(), [problem((2, 5, 13, 10, 4, 1), lay) for lay in LAYOUTS])
 
 
 def test_the_resnet50_3x3_layers_are_claimed_with_a_small_workspace():

@@ -77,8 +77,11 @@ def problem(spec, layout: str = "NCHW") -> Conv2dProblem:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("name", list(CASES))
-def test_against_the_reference(name: str, m: int, layout: str, kind: str):
-    v, p = VARIANTS[m], problem(CASES[name], layout)
+@pytest.mark.parametrize("fused", [False, True], ids=["pipeline", "fused"])
+def test_against_the_reference(fused: bool, name: str, m: int, layout: str, kind: str):
+    """`check` (y poisoned with NaN, a bitwise repeat) with day 20's bound, pipeline and fused;
+    integers bit-exact through F(2) only."""
+    v, p = (FUSED if fused else VARIANTS)[m], problem(CASES[name], layout)
     if p.supports_kind(kind):
         pytest.skip(p.supports_kind(kind))
     assert v.supports(p) is None, v.supports(p)
@@ -91,10 +94,11 @@ def test_against_the_reference(name: str, m: int, layout: str, kind: str):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("p", RESNET_3X3_N32, ids=lambda p: p.name)
-def test_the_resnet50_3x3_layers(p: Conv2dProblem, m: int, layout: str):
-    q = dataclasses.replace(p, layout=layout, name="")
-    r = check(VARIANTS[m], q)
-    assert r.ok, f"{VARIANTS[m].name} on {q.name} ({layout}): {r.reason}"
+@pytest.mark.parametrize("fused", [False, True], ids=["pipeline", "fused"])
+def test_the_resnet50_3x3_layers(fused: bool, p: Conv2dProblem, m: int, layout: str):
+    v, q = (FUSED if fused else VARIANTS)[m], dataclasses.replace(p, layout=layout, name="")
+    r = check(v, q)
+    assert r.ok, f"{v.name} on {q.name} ({layout}): {r.reason}"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -247,32 +251,6 @@ def test_bad_tensors_and_a_huge_workspace_are_refused_before_a_launch():
 # ==============================================================================================
 # The fused kernels (kernels/conv2d/20_winograd_fused.cu; tests/test_winograd_fused.py is the CPU half)
 # ==============================================================================================
-
-
-@pytest.mark.parametrize("kind", ["normal", "int", "cancel"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("m", [2, 4])
-@pytest.mark.parametrize("name", list(CASES))
-def test_fused_against_the_reference(name: str, m: int, layout: str, kind: str):
-    """`check` (y poisoned with NaN, a bitwise repeat) with day 20's bound; integers bit-exact
-    through F(2) only."""
-    v, p = FUSED[m], problem(CASES[name], layout)
-    if p.supports_kind(kind):
-        pytest.skip(p.supports_kind(kind))
-    assert v.supports(p) is None, v.supports(p)
-    r = check(v, p, kind=kind)
-    assert r.ok and r.repeat_bitwise and r.nonfinite == 0, f"{v.name} on {name} ({layout}, {kind}): {r.reason}"
-    if kind == "int":
-        assert r.exact is (True if m == 2 else None), r
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("m", [2, 4])
-@pytest.mark.parametrize("p", RESNET_3X3_N32, ids=lambda p: p.name)
-def test_fused_resnet50_3x3_layers(p: Conv2dProblem, m: int, layout: str):
-    q = dataclasses.replace(p, layout=layout, name="")
-    r = check(FUSED[m], q)
-    assert r.ok, f"{FUSED[m].name} on {q.name} ({layout}): {r.reason}"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
