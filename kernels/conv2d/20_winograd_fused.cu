@@ -57,8 +57,9 @@
 // Shared memory (static, one union, at most 48 KB): the main loop's sv (NPOS*BC*BT floats) and, in
 // the same space, st (n*BC*TCS) then su (NPOS*BC*BK); the epilogue's sm (NPOS*BT*KS) over all of it.
 // st's pitches: a row of a (c, tile) is n + 1 floats (the row jobs' reads, tile fastest, hit
-// distinct banks), a channel TCS = BT (n + 1) + pad floats with TCS = n (mod 32) (the NHWC column
-// jobs' stores, c then b fastest, hit distinct banks).
+// distinct banks), a channel TCS = BT (n + 1) + pad floats with TCS = n (mod 32), which makes the
+// column jobs' stores conflict-free for F(2) NHWC only; F(2) NCHW and F(4) in both layouts store
+// 2-way (counted per warp by a review, not measured; speed only).
 //   F(2): 16*8*32 + max(16*8*32, 4*8*164) floats = 37,376 B;  F(4): 36*4*16 + 36*4*32 = 27,648 B.
 //
 // Registers (-Xptxas -v, CUDA 13.0, __launch_bounds__(256, 2): at most 128), main kernel, no spills,
