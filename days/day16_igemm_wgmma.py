@@ -40,6 +40,7 @@ from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, UNUSED_MAP, Im2colMap, Tens
 from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
+from .day13_igemm_production.space import dram_bytes
 from .kit import VEC_BYTES, alignment_reason, cdiv, gemm_writes, grid_stride_items, groups_one_reason
 
 CU_FILE = "16_igemm_wgmma.cu"
@@ -803,8 +804,6 @@ def gemm_tile(p: Conv2dProblem, cfg: WgmmaConfig) -> GemmTile:
     the "warp" tile (its wgmma's M x N: wgmma reads its operands from shared memory, so the edge
     cost stands for the operand reads per FLOP); the consumers' setmaxnreg target as registers;
     DRAM: day 13's `dram_bytes` (x as the taps touch it, w, y once)."""
-    from .day13_igemm_production.space import dram_bytes
-
     g = p.gemm
     rows = 64 * cfg.m_tiles
     return GemmTile(m=g.m, n=g.n, k=g.k, bm=cfg.bm, bn=cfg.bn, bk=BK, warp_m=rows, warp_n=cfg.bn,

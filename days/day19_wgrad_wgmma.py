@@ -71,6 +71,7 @@ from helpers.tma import ELEMENT_BYTES, OFFSET_LIMIT, Im2colMap, TensorMap, Tiled
 from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
+from .day14_backward.space import between_splits
 from .day14_backward.space import config_name as space_config  # ``<tile>_k<splits>``: the grid is the GPU's
 from .day14_backward.train import Kernels
 from .day16_igemm_wgmma import DEFAULT_SMS, HOPPER_CC
@@ -761,9 +762,8 @@ def space_variations(config: str, p: Conv2dProblem) -> list[str]:
     (a launch argument: no new build)."""
     tile, s = parse_space_config(config)
     top = max(1, steps_of(p) // MIN_SPLIT_STEPS)
-    seen = set(ladder(p, tile, device_sms()))  # the candidates' ladder: the machine's SMs are the GPU's
-    return [space_config(tile, f) for f in sorted({round(s / 2**0.5), round(s * 2**0.5)})
-            if 1 <= f <= top and f not in seen]
+    tried = ladder(p, tile, device_sms())  # the candidates' ladder: the machine's SMs are the GPU's
+    return [space_config(tile, f) for f in between_splits(s, top, tried)]
 
 
 SPACE = register_space(Space("wgrad_wgmma", space_candidates, space_variations, lambda cfg, p: space_variant(cfg),

@@ -102,16 +102,18 @@ def candidates(p: Conv2dProblem, machine: Machine) -> list[Candidate]:
     return out
 
 
+def between_splits(s: int, top: int, tried: list[int]) -> list[int]:
+    """The split factors about 0.7x and 1.4x of ``s`` (between its neighbours in a ladder of
+    powers of 2), within 1 .. ``top`` and not in ``tried``: a split-K space's variations (day 14's
+    and day 19's wgrad)."""
+    return sorted({f for f in (round(s / math.sqrt(2)), round(s * math.sqrt(2)))
+                   if 1 <= f <= top and f != s and f not in tried})
+
+
 def variations(config: str, p: Conv2dProblem) -> list[str]:
-    """Split factors between the configuration's neighbours in its tile's `ladder` (about 0.7x and
-    1.4x of it), where they are new factors."""
+    """Split factors between the configuration's neighbours in its tile's `ladder` (`between_splits`)."""
     tile, s = parse_config(config)
-    top = max_splits(p, tile)
-    out = []
-    for f in (round(s / math.sqrt(2)), round(s * math.sqrt(2))):
-        if 1 <= f <= top and f != s and f not in ladder(p, tile):
-            out.append(config_name(tile, f))
-    return out
+    return [config_name(tile, f) for f in between_splits(s, max_splits(p, tile), ladder(p, tile))]
 
 
 SPACE = register_space(Space(VARIANT, candidates, variations, lambda cfg, p: variant_for(cfg),
