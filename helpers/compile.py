@@ -160,11 +160,41 @@ def is_built(cu_file: str, defines: dict | None, arch: str) -> bool:
     return _module_key(cu_file, defines, arch) in _modules
 
 
-def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | None = None) -> float:
+def merge_jobs(jobs: list[tuple[str, dict | None]], entry_line=None, groups: int = 1
+               ) -> list[tuple[str, dict, str, list[int]]]:
+    """The builds that make ``jobs`` (``(cu_file, defines)``). ``entry_line(cu_file, defines)``
+    gives, for a job that may share a build, the source line that instantiates its entry point in
+    a build of the same file made for another such job (day 13: its ``PIPE_TUNE_ENTRY(...)``), or
+    None (a build of its own). The sharing jobs of a file are split in order into at most
+    ``groups`` near-equal runs; a run builds as its first job's defines plus the other jobs'
+    lines appended to the file's text. Returns ``(cu_file, defines, appended text, indices into
+    jobs)`` per build.
+
+    Why: nvcc's front end is about half of one tile's build (day 13 on this series' CI machine:
+    0.75 of 1.4 s), and a build of several tiles pays it once."""
+    together: dict[str, list[int]] = {}
+    out = []
+    for i, (cu_file, defines) in enumerate(jobs):
+        if entry_line is not None and entry_line(cu_file, defines or {}) is not None:
+            together.setdefault(cu_file, []).append(i)
+        else:
+            out.append((cu_file, dict(defines or {}), "", [i]))
+    for cu_file, members in together.items():
+        k = max(1, min(groups, len(members)))
+        for g in range(k):
+            run = members[g * len(members) // k:(g + 1) * len(members) // k]
+            lines = [entry_line(cu_file, jobs[i][1]) for i in run[1:]]
+            out.append((cu_file, dict(jobs[run[0]][1]), "".join(f"{line}\n" for line in lines), run))
+    return out
+
+
+def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | None = None, entry_line=None) -> float:
     """Compile every ``(cu_file, defines)`` of ``jobs`` for ``arch`` at once, ``workers`` nvcc
     processes in parallel (default: one per CPU core), and load them into `load_kernel`'s cache,
     so its later calls for these builds return at once. Jobs already built are skipped; pycuda's
-    disk cache answers repeats across processes. A job that fails to build is left out: the
+    disk cache answers repeats across processes. With ``entry_line`` (a search space's
+    ``merge``), jobs that can share a build do, one build per worker (`merge_jobs`); a shared
+    build that fails is built again job by job. A job that fails to build is left out: the
     `load_kernel` call that needs it builds it again and raises the compiler's error there.
     Returns the wall seconds spent.
 
@@ -176,26 +206,34 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     from pycuda.compiler import compile as nvcc_cubin
 
     t0 = time.perf_counter()
-    todo = {}
+    todo: dict[tuple, tuple[str, dict | None]] = {}
     for cu_file, defines in jobs:
         key = _module_key(cu_file, defines, arch)
         if key not in _modules:
-            todo[key] = (kernel_path(cu_file).read_text(), defines)
+            todo[key] = (cu_file, defines)
+    keys, items = list(todo), list(todo.values())
+    workers = workers or os.cpu_count() or 1
 
     def build(item):
-        src, defines = item
+        cu_file, defines, appended = item
         try:
-            return nvcc_cubin(src, options=NVCC_OPTIONS + define_flags(defines), no_extern_c=True, arch=arch,
-                              include_dirs=[str(KERNEL_DIR)])
+            return nvcc_cubin(kernel_path(cu_file).read_text() + appended, options=NVCC_OPTIONS + define_flags(defines),
+                              no_extern_c=True, arch=arch, include_dirs=[str(KERNEL_DIR)])
         except Exception:  # noqa: BLE001 - reported by the load_kernel that needs it
             return None
 
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:  # nvcc runs outside the GIL
-        cubins = list(pool.map(build, todo.values()))
-    for key, cubin in zip(todo, cubins):
-        if cubin is not None:
-            _modules[key] = drv.module_from_buffer(cubin)  # loading needs the context: on this thread
-            _cubins[key] = cubin
+    builds = merge_jobs(items, entry_line, groups=workers)
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # nvcc runs outside the GIL
+        cubins = list(pool.map(build, [(f, d, a) for f, d, a, _ in builds]))
+        failed = [i for (*_, members), c in zip(builds, cubins) if c is None and len(members) > 1 for i in members]
+        singles = list(pool.map(build, [(*items[i], "") for i in failed]))
+    made = [(members, c) for (*_, members), c in zip(builds, cubins) if c is not None]
+    made += [([i], c) for i, c in zip(failed, singles) if c is not None]
+    for members, cubin in made:
+        mod = drv.module_from_buffer(cubin)  # loading needs the context: on this thread
+        for i in members:
+            _modules[keys[i]] = mod
+            _cubins[keys[i]] = cubin
     return time.perf_counter() - t0
 
 

@@ -17,6 +17,7 @@ import torch
 from conftest import model_machine
 
 from days.day13_igemm_production import INSTANTIATED, TileDescription, choose, space, tune_defines
+from days.day13_igemm_production import tiles as tiles_mod
 from days.day14_backward.wgrad import tiles as wgrad_tiles
 from helpers import compile as hc
 from helpers import gpu
@@ -379,6 +380,49 @@ def test_a_tile_built_alone_compiles_to_its_one_entry_without_spills():
     assert reports[0].spill_stores == 0 and reports[0].spill_loads == 0
 
 
+@pytest.mark.nvcc
+def test_tiles_merged_into_one_build_compile_each_entry_as_built_alone(tmp_path, monkeypatch):
+    """Three tiles in one nvcc run (`helpers.compile.merge_jobs` with day 13's `tune_entry_line`):
+    the build holds exactly their three entries, each with the registers and spills of its build alone."""
+    tiles = [TileDescription.parse(n) for n in ("128x256x32_w2x4_s3_b1", "64x64x32_w2x2_s4_b1", "128x64x64_w2x2_s3_b2")]
+    jobs = [("13_igemm_production.cu", tune_defines(t, dt)) for t, dt in zip(tiles, ("fp16", "bf16", "fp16"))]
+    ((cu_file, defines, appended, members),) = hc.merge_jobs(jobs, space.SPACE.merge, groups=1)
+    assert members == [0, 1, 2] and defines == jobs[0][1] and appended.count("PIPE_TUNE_ENTRY(") == 2
+    merged = tmp_path / "merged.cu"
+    merged.write_text(hc.kernel_path(cu_file).read_text() + appended)
+    monkeypatch.setattr(hc, "kernel_path", lambda f: merged if f == "merged.cu" else hc.KERNEL_DIR / f)
+    got, log = hc.nvcc_compile("merged.cu", arch="sm_80", defines=defines)
+    alone = [hc.nvcc_compile(f, arch="sm_80", defines=d)[0][0] for f, d in jobs]
+    assert sorted(got, key=lambda r: r.entry) == sorted(alone, key=lambda r: r.entry), log
+
+
+def test_merge_jobs_shares_builds_only_between_jobs_that_can():
+    def line(cu_file, defines):  # jobs of a.cu with a tile T share builds
+        return f"ENTRY({defines['T']})" if cu_file == "a.cu" and "T" in defines else None
+
+    jobs = [("a.cu", {"T": 1}), ("b.cu", {"T": 2}), ("a.cu", {"T": 3}), ("a.cu", {"Y": 2}), ("a.cu", {"T": 5}),
+            ("a.cu", None), ("a.cu", {"T": 7})]
+    builds = hc.merge_jobs(jobs, line, groups=2)
+    assert sorted(builds, key=lambda b: b[3]) == [
+        ("a.cu", {"T": 1}, "ENTRY(3)\n", [0, 2]),  # two runs, in order: the first job's defines, the rest appended
+        ("b.cu", {"T": 2}, "", [1]),  # another file
+        ("a.cu", {"Y": 2}, "", [3]),  # not a tile: a build of its own
+        ("a.cu", {"T": 5}, "ENTRY(7)\n", [4, 6]),
+        ("a.cu", {}, "", [5]),
+    ]
+    assert sorted(i for *_, m in hc.merge_jobs(jobs, line, groups=64) for i in m) == list(range(len(jobs)))
+    assert [m for *_, m in hc.merge_jobs(jobs, None, groups=2)] == [[i] for i in range(len(jobs))]
+
+
+def test_day13s_entry_line_is_its_tiles_macro_and_nothing_else():
+    t = TileDescription.parse("128x256x32_w2x4_s3_b1")
+    line = tiles_mod.tune_entry_line("13_igemm_production.cu", tune_defines(t, "bf16"))
+    assert line == "PIPE_TUNE_ENTRY(128, 256, 32, 2, 4, 3, 1, OPTIMIZED, optimized, true, bf16)"
+    assert tiles_mod.tune_entry_line("13_igemm_production.cu", {}) is None  # the file's own entries
+    assert tiles_mod.tune_entry_line("14_dgrad.cu", tune_defines(t, "fp16")) is None
+    assert "define PIPE_TUNE_ENTRY(" in hc.kernel_path("13_igemm_production.cu").read_text()
+
+
 # ---- the search with a stand-in GPU -------------------------------------------------------------------------
 
 
@@ -391,7 +435,7 @@ def stand_in_device(monkeypatch) -> None:
     """A stand-in sm_90 device for `helpers.gpu.device_info` (what the search asks of it: the
     compute capability and the shared memory a block may opt into), the CPU tests' machine
     (`conftest.model_machine`) as the measured one, and builds that take 0.5 s and do nothing."""
-    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None: 0.5)
+    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None, entry_line=None: 0.5)
     monkeypatch.setattr(hts, "is_built", lambda cu_file, defines, arch: False)
     info = SimpleNamespace(smem_per_block_optin=227 * 1024, cc=(9, 0))
     monkeypatch.setattr(gpu, "device_info", lambda device=0: info)
@@ -788,7 +832,7 @@ def test_the_zero_timing_pick_builds_and_times_nothing_and_a_timed_search_replac
     monkeypatch.setitem(ht.SPACES, "igemm_production", sp)
     gpu_ = FakeGPU(monkeypatch, {names[2]: 0.5})
     built = []
-    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None: built.append(jobs) or 0.5)
+    monkeypatch.setattr(hts, "build_many", lambda jobs, arch, workers=None, entry_line=None: built.append(jobs) or 0.5)
     cache = ht.TuneCache(tmp_path / "t.json", environment=ENV)
     df = ht.tune("igemm_production", [P1, P2], cache, progress=False, timed=False)
     assert list(df.config) == [names[0]] * 2 and list(df.rule_config) == [names[3]] * 2  # the model's first; the prior

@@ -1,5 +1,6 @@
 """Day 13's search space for day 15's tuner: every tile description the kernel can build, each
-built alone (`tune_defines`), and the threadblock swizzle as a runtime variation.
+built alone (`tune_defines`; a search's tiles share nvcc runs through `tune_entry_line`), and
+the threadblock swizzle as a runtime variation.
 
 A configuration is named ``<tile>_sw<swizzle>``, e.g. ``128x128x64_w2x2_s3_b1_sw2``. The tiles
 are the grid `TILE_GRID` (block tile, warps, stages, resident blocks) filtered by
@@ -22,7 +23,7 @@ from helpers.variants import Variant, get
 
 from ..kit import cdiv
 from .rule import choose, choose_iterator, choose_swizzle
-from .tiles import MAX_SMEM_PER_BLOCK, TileDescription
+from .tiles import MAX_SMEM_PER_BLOCK, TileDescription, tune_entry_line
 from .variant import make_production
 
 VARIANT = "igemm_production"
@@ -126,4 +127,4 @@ def _variant_for(config: str, p: Conv2dProblem) -> Variant:
 
 
 SPACE = register_space(Space(VARIANT, candidates, variations, _variant_for,
-                             summary="tile descriptions built alone x threadblock swizzle"))
+                             summary="tile descriptions built alone x threadblock swizzle", merge=tune_entry_line))

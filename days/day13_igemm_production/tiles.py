@@ -179,3 +179,20 @@ def tune_defines(tile: TileDescription, dtype: str) -> dict:
     return {"PIPE_TUNE_BM": tile.bm, "PIPE_TUNE_BN": tile.bn, "PIPE_TUNE_BK": tile.bk, "PIPE_TUNE_WGM": tile.warps_m,
             "PIPE_TUNE_WGN": tile.warps_n, "PIPE_TUNE_ST": tile.stages, "PIPE_TUNE_MINB": tile.min_blocks,
             "PIPE_TUNE_BF16": int(dtype == "bf16")}
+
+
+TUNE_KEYS = ("PIPE_TUNE_BM", "PIPE_TUNE_BN", "PIPE_TUNE_BK", "PIPE_TUNE_WGM", "PIPE_TUNE_WGN", "PIPE_TUNE_ST",
+             "PIPE_TUNE_MINB")
+
+
+def tune_entry_line(cu_file: str, defines: dict) -> str | None:
+    """The line that adds the entry of a tile built alone (`tune_defines`) to another build of
+    ``13_igemm_production.cu`` made the same way: ``PIPE_TUNE_ENTRY(BM, ..., MINB, OPTIMIZED,
+    optimized, <bf16?>, <dtype>)``, the file's own macro; None for any other build (another file,
+    or the file's instantiated entries). Day 15's tuner appends these lines so that a search's
+    tiles share nvcc runs (`helpers.compile.merge_jobs`)."""
+    if cu_file != CU_FILE or set(defines) != {*TUNE_KEYS, "PIPE_TUNE_BF16"}:
+        return None
+    bf16 = bool(int(defines["PIPE_TUNE_BF16"]))
+    values = ", ".join(str(int(defines[k])) for k in TUNE_KEYS)
+    return f"PIPE_TUNE_ENTRY({values}, OPTIMIZED, optimized, {'true, bf16' if bf16 else 'false, fp16'})"

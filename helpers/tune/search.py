@@ -348,11 +348,11 @@ def tune_problem(space: Space, p: Conv2dProblem, cache: TuneCache | None = None,
     arch = get(space.variant).target(gpu.device_info().cc)
     row = hit
     if row is None:
-        compile_s = build_many(search.jobs(), arch)
+        compile_s = build_many(search.jobs(), arch, entry_line=space.merge)
         row = measure(space, search, cache)
         row = {**row, "compile_s": compile_s, "tune_s": row["tune_s"] + compile_s}
     if exhaustive:
-        build_s = build_many(search.jobs(exhaustive=True), arch)
+        build_s = build_many(search.jobs(exhaustive=True), arch, entry_line=space.merge)
         found = sweep(space, search)
         row = {**row, **found, "exhaustive_s": found["exhaustive_s"] + build_s}
     return row
@@ -402,7 +402,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
         except Exception as e:  # noqa: BLE001 - one problem's fault is its row; the run goes on
             rows[i] = _fault_row(space, p, e)
     jobs, first = _new_jobs({i: s for i, s in searches.items() if i not in rows}, arch)
-    compile_s = build_many(jobs, arch) if jobs else 0.0
+    compile_s = build_many(jobs, arch, entry_line=space.merge) if jobs else 0.0
     for i, s in tqdm(searches.items(), disable=not progress, desc=f"tune {space.variant}"):
         if i in rows:
             continue
@@ -418,7 +418,7 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
     if exhaustive:  # after the tuner has answered every problem: its times are its own
         todo = {i: s for i, s in searches.items() if rows[i]["status"] == "ok"}
         jobs, first = _new_jobs(todo, arch, exhaustive=True)
-        build_s = build_many(jobs, arch) if jobs else 0.0
+        build_s = build_many(jobs, arch, entry_line=space.merge) if jobs else 0.0
         for i, s in tqdm(todo.items(), disable=not progress, desc=f"sweep {space.variant}"):
             try:
                 found = sweep(space, s)

@@ -40,7 +40,9 @@ class Space:
     arguments (tried on the winner; may be empty); ``variant_for(config, problem)``: the variant
     of a configuration name; ``sources``: kernel files its variants build from besides the
     variant's own ``cu_file`` (e.g. another day's main loop), whose edits must miss the tuner's
-    cache too (`helpers.tune.TuneCache.key`).
+    cache too (`helpers.tune.TuneCache.key`); ``merge``: None, or ``(cu_file, defines) -> line or None``,
+    the source line that instantiates a build's entry point in another build of the same file, so
+    that a search's builds share nvcc runs (`helpers.compile.merge_jobs`).
     """
 
     variant: str
@@ -49,6 +51,7 @@ class Space:
     variant_for: Callable[[str, Conv2dProblem], Variant]
     summary: str = ""
     sources: tuple[str, ...] = ()
+    merge: Callable[[str, dict], str | None] | None = None
 
 
 SPACES: dict[str, Space] = {}
