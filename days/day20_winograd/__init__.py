@@ -9,10 +9,12 @@
   chunk, keeps M in registers and writes y, with no workspace for V or M (`simulate_fused`,
   `fused_output_writes`); judged by the same `winograd_model`.
 
-Every public name of both modules is re-exported here (``days.day20_winograd.simulate``, ...).
+* `space` — the tuner's spaces (day 15) of ``winograd_f2`` and ``winograd_f4``: their GEMM tile.
+
+Every public name of `pipeline` and `fused` is re-exported here (``days.day20_winograd.simulate``, ...).
 Both kernel files share the transforms' code, ``kernels/conv2d/winograd_transforms.cuh``.
 """
 
-from . import fused, pipeline  # noqa: F401 - the modules, by name
+from . import fused, pipeline, space  # noqa: F401 - the modules, by name (space registers the tuner's spaces)
 from .fused import *  # noqa: F403 - the package's names are its modules' public names
 from .pipeline import *  # noqa: F403

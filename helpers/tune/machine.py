@@ -94,8 +94,9 @@ class GemmTile:
     """What the model needs of one candidate: the GEMM (``m``, ``n``, ``k``), its tile (``bm``,
     ``bn``, ``bk``, ``warp_m`` x ``warp_n`` per warp, ``threads``, ``stages``), the bytes of shared
     memory and the registers per thread it is expected to use, the GEMM-K steps per block
-    (``steps``, default ceil(k / bk)), the blocks per output tile (``splits``, split-K) and the
-    bytes that must cross DRAM."""
+    (``steps``, default ceil(k / bk)), the blocks per output tile (``splits``, split-K), the bytes
+    that must cross DRAM, how many such GEMMs one launch runs (``batch``: day 20's n² transform
+    positions) and the operands' element size."""
 
     m: int
     n: int
@@ -113,6 +114,9 @@ class GemmTile:
     splits: int = 1
     dram_bytes: int | None = None  # the tensors' own bytes (an implicit GEMM's A is x read R·S times); default A+B+C
     extra_bytes: int = 0  # traffic beyond them (e.g. split-K partials)
+    batch: int = 1  # independent GEMMs of this size in the launch (grid z): blocks and L2 traffic times it
+    element_bytes: int = 2  # bytes per operand element (2: fp16/bf16, 4: fp32)
+    cuda_cores: bool = False  # an FMA GEMM on CUDA cores (the machine's fma_tflops) instead of tensor cores
 
 
 def occupancy(t: GemmTile, mc: Machine) -> int:
@@ -130,32 +134,35 @@ def gemm_tile_us(t: GemmTile, mc: Machine) -> float:
     """Predicted microseconds of one implicit-GEMM launch: three times, combined as their 4-norm
     (close to the largest, but the others still break ties), plus the launch cost.
 
-    * **tensor cores**: each SM runs its share of blocks in rounds of `occupancy`. A GEMM-K step of
-      the b resident blocks takes the longer of b · (a step's FLOPs) / (the SM's mma rate x the
-      warp tile's efficiency x the latency cover) and the load latency spread over the steps in
-      flight, `LOAD_LATENCY_US` / (b · (stages − 1)). The efficiency wm·wn / (wm·wn + 8·(wm + wn))
-      charges the ldmatrix traffic per mma (small warp tiles reload more per FLOP); the cover
-      min(1, resident warps / `COVER_WARPS`) is how much of the mma pipe a few warps keep busy. Each round
-      also pays one latency to fill the pipeline and `EPILOGUE_US`;
+    * **tensor cores**: each SM runs its share of blocks in rounds of `occupancy`. A GEMM-K step
+      of the b resident blocks takes the longer of b · (a step's FLOPs) / (the SM's mma rate, or
+      its FMA rate for a GEMM on CUDA cores, x the warp tile's efficiency x the latency cover) and
+      the load latency spread over the steps in flight, `LOAD_LATENCY_US` / (b · (stages − 1)).
+      The efficiency wm·wn / (wm·wn + 8·(wm + wn)) charges the ldmatrix traffic per mma (small
+      warp tiles reload more per FLOP); the cover min(1, resident warps / `COVER_WARPS`) is how
+      much of the mma pipe a few warps keep busy. Each round also pays one latency to fill the
+      pipeline and `EPILOGUE_US`;
     * **DRAM**: ``dram_bytes`` (the tensors once) plus ``extra_bytes``;
     * **L2**: the GEMM's A read once per column of tiles and B once per row of tiles (cp.async.cg
       bypasses L1, so every tap's read of x reaches L2).
+    A ``batch`` of GEMMs multiplies the blocks and the L2 bytes (each GEMM its own operands).
     """
     steps = t.steps if t.steps is not None else math.ceil(t.k / t.bk)
     m_tiles, n_tiles = math.ceil(t.m / t.bm), math.ceil(t.n / t.bn)
-    blocks = m_tiles * n_tiles * t.splits
+    blocks = m_tiles * n_tiles * t.splits * t.batch
     occ = occupancy(t, mc)
     per_sm = math.ceil(blocks / mc.sms)
     rounds = math.ceil(per_sm / occ)
     resident = min(occ, per_sm)
-    sm_flops_per_us = mc.mma_tflops * 1e6 / mc.sms
+    sm_flops_per_us = (mc.fma_tflops if t.cuda_cores else mc.mma_tflops) * 1e6 / mc.sms
     wm, wn = t.warp_m, t.warp_n
     shape_eff = wm * wn / (wm * wn + WARP_TILE_COST * (wm + wn))
     cover = min(1.0, resident * (t.threads // 32) / COVER_WARPS)
     step_us = max(resident * 2 * t.bm * t.bn * t.bk / (sm_flops_per_us * shape_eff * cover),
                   LOAD_LATENCY_US / (resident * max(t.stages - 1, 1)))
     tensor_us = rounds * (steps * step_us + LOAD_LATENCY_US + EPILOGUE_US)
-    a_bytes, b_bytes, c_bytes = 2 * t.m * t.k, 2 * t.n * t.k, 2 * t.m * t.n
+    e = t.element_bytes * t.batch
+    a_bytes, b_bytes, c_bytes = e * t.m * t.k, e * t.n * t.k, e * t.m * t.n
     dram = t.dram_bytes if t.dram_bytes is not None else a_bytes + b_bytes + c_bytes
     dram_us = (dram + t.extra_bytes) / (mc.dram_gbps * 1e3)
     l2_us = (a_bytes * n_tiles + b_bytes * m_tiles) / (mc.l2_gbps * 1e3)

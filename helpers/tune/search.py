@@ -370,8 +370,9 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
 
     The searches are enumerated first and every build they need is compiled in one parallel
     `helpers.compile.build_many`; each problem's ``compile_s`` is its share of that wall time (the
-    builds it was first to need), so ``tune_s`` sums to the run's wall time. A problem that faults
-    gets a row with its ``status`` and the run goes on; once ``budget_s`` seconds have passed the
+    builds it was first to need), so ``tune_s`` sums to the run's wall time. A problem the variant
+    refuses gets a row with status ``"unsupported: <reason>"``; one that faults, a row with its
+    ``status``; the run goes on; once ``budget_s`` seconds have passed the
     remaining problems are not timed (``status`` "over budget"). With ``exhaustive``, after all of
     that, every candidate of every problem is built and swept (`sweep`; the cache's answers too).
     """
@@ -382,6 +383,9 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
             raise ValueError("the exhaustive sweep times every candidate: it cannot run untimed")
         rows = []
         for p in (base.adapt(p, op=True) for p in problems):
+            if (row := _unsupported_row(space, base, p)) is not None:
+                rows.append(row)
+                continue
             try:
                 rows.append(pick(space, p, cache))
             except Exception as e:  # noqa: BLE001 - one problem's fault is its row; the run goes on
@@ -393,6 +397,9 @@ def tune(variant: str | Variant, problems: list[Conv2dProblem], cache: TuneCache
     searches: dict[int, Search] = {}
     problems = [base.adapt(p, op=True) for p in problems]  # an fprop suite's shapes as this variant's op
     for i, p in enumerate(problems):
+        if (row := _unsupported_row(space, base, p)) is not None:
+            rows[i] = row
+            continue
         try:
             hit = _hit_row(space, p, cache)
             if hit is not None:
@@ -441,6 +448,13 @@ def _new_jobs(searches: dict, arch: str, exhaustive: bool = False) -> tuple[list
                 jobs.append((cu_file, defines))
                 first[i] = first.get(i, 0) + 1
     return jobs, first
+
+
+def _unsupported_row(space: Space, base: Variant, p: Conv2dProblem) -> dict | None:
+    """A row with status ``"unsupported: <reason>"`` for a problem the variant's shape rules
+    refuse (day 20's 1 x 1 and strided layers of an fprop suite), else None: not a fault."""
+    reason = base.plan(p).reason
+    return None if reason is None else {"problem": p.name, "variant": space.variant, "status": f"unsupported: {reason}"}
 
 
 def _fault_row(space: Space, p: Conv2dProblem, e: Exception) -> dict:
