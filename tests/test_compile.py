@@ -301,3 +301,50 @@ def test_an_edit_to_any_file_a_plan_builds_from_changes_its_key(edited, tmp_path
     assert any(changed) and changed == reaches, (edited, changed, reaches)
     path.write_text(original)
     assert sources_key(plan) == before
+
+
+def test_build_many_shares_runs_maps_every_job_to_its_module_and_rebuilds_a_failed_run_job_by_job(monkeypatch):
+    """`helpers.compile.build_many` with stand-ins for pycuda's compiler and loader: day 13's tiles
+    in one run per worker, each run its first tile's defines plus the others' entry lines; every
+    job's cache key holds its run's module (so `load_kernel` builds nothing again); a run that
+    fails to compile is built again tile by tile, and a tile that fails alone is left out."""
+    import sys
+    import types
+
+    from days.day13_igemm_production import space, tune_defines
+    from days.day13_igemm_production.tiles import tune_entry_line
+
+    tiles = space.tiles()[:8]
+    jobs = [("13_igemm_production.cu", tune_defines(t, "fp16")) for t in tiles]
+    jobs.append(("09_igemm_simt.cu", None))  # another file's build: alone
+    bad = jobs[5]  # the tile the stand-in compiler rejects, alone or in a run
+    bad_line, bad_flags = tune_entry_line(*bad), hc.define_flags(bad[1])
+    original = hc.kernel_path("13_igemm_production.cu").read_text()
+    runs = []
+
+    def compile_stub(src, options, **kw):
+        appended = src[len(original):] if src.startswith(original) else ""
+        runs.append((appended, options))
+        if bad_line in appended or all(f in options for f in bad_flags):
+            raise RuntimeError("nvcc failed")
+        return f"cubin {len(runs)}".encode()
+
+    compiler = types.ModuleType("pycuda.compiler")
+    compiler.compile = compile_stub
+    driver = types.ModuleType("pycuda.driver")
+    driver.module_from_buffer = lambda cubin: ("module", cubin)
+    for name, mod in {"pycuda": types.ModuleType("pycuda"), "pycuda.compiler": compiler,
+                      "pycuda.driver": driver}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(hc.gpu, "init", lambda: None)
+    monkeypatch.setattr(hc, "_modules", {})
+    monkeypatch.setattr(hc, "_cubins", {})
+    hc.build_many(jobs, "sm_90", workers=3, entry_line=space.SPACE.merge)
+
+    first, again = runs[:4], runs[4:]  # three shared runs of 3, 3 and 2 tiles, and the other file's
+    assert sorted(a.count("PIPE_TUNE_ENTRY(") for a, _ in first) == [0, 1, 2, 2]
+    assert len(again) == 3 and all(a == "" for a, _ in again)  # the failed run, tile by tile
+    for i, (cu_file, defines) in enumerate(jobs):
+        assert hc.is_built(cu_file, defines, "sm_90") == (i != 5), (i, cu_file, defines)
+    modules = [hc._modules[hc._module_key(f, d, "sm_90")] for i, (f, d) in enumerate(jobs) if i != 5]
+    assert len(set(modules)) == 1 + 1 + 2 + 1  # two runs kept whole, the failed run's two good tiles, the other file
