@@ -71,7 +71,8 @@ case "$part" in
     for s in "${suites[@]}"; do
       case "$s" in
         quick | seed | depthwise | edge) step "$s" python3 -m benchmarks --suite "$s" --no-progress ;;
-        resnet50_fp32) step "$s" python3 -m benchmarks --suite resnet50 --variants blocked --dtype fp32 --no-progress ;;
+        resnet50_fp32) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NCHW --no-progress \
+          --variants blocked general winograd_f2 winograd_f4 winograd_f2_fused winograd_f4_fused ;;
         resnet50_fp32_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp32 --layout NHWC --no-progress ;;
         resnet50_fp16_NHWC) step "$s" python3 -m benchmarks --suite resnet50 --dtype fp16 --layout NHWC --no-progress ;;
         resnet50_dgrad_fp16_NHWC | resnet50_wgrad_fp16_NHWC)  # day 14: the backward operations
