@@ -148,7 +148,9 @@ def summary(df) -> dict:
     from helpers.bench import geomean as geo
 
     ok = df[df.status == "ok"]
-    out = {"problems": len(df), "tuned": len(ok), "tune_s": float(ok.tune_s.sum())}
+    out = {"problems": len(df), "tuned": len(ok), "tune_s": float(ok.tune_s.sum()) if len(ok) else 0.0}
+    if not len(ok):  # every problem refused or faulted: nothing to compare
+        return out
     if "cudnn_ms" in ok:
         out["tuned_x_cudnn"] = geo(ok.cudnn_ms / ok.ms)
         out["rule_x_cudnn"] = geo(ok.cudnn_ms / ok.rule_ms)

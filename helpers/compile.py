@@ -192,7 +192,8 @@ def build_many(jobs: list[tuple[str, dict | None]], arch: str, workers: int | No
     """Compile every ``(cu_file, defines)`` of ``jobs`` for ``arch`` at once, ``workers`` nvcc
     processes in parallel (default: one per CPU core), and load them into `load_kernel`'s cache,
     so its later calls for these builds return at once. Jobs already built are skipped; pycuda's
-    disk cache answers repeats across processes. With ``entry_line`` (a search space's
+    disk cache answers repeats across processes (a shared run's source differs from a job's own,
+    so a later process that builds the job alone compiles it again). With ``entry_line`` (a search space's
     ``merge``), jobs that can share a build do, one build per worker (`merge_jobs`); a shared
     build that fails is built again job by job. A job that fails to build is left out: the
     `load_kernel` call that needs it builds it again and raises the compiler's error there.

@@ -104,3 +104,12 @@ def test_a_problem_the_variant_refuses_is_an_unsupported_row_not_a_fault(monkeyp
     refused = df[df.status.str.startswith("unsupported")]
     assert len(refused) + len(picked) == len(problems) and len(picked) == 4
     assert refused.status.str.contains("3 x 3 filter|stride 1").all()
+
+
+def test_a_run_whose_every_problem_is_refused_summarises_to_nothing_tuned():
+    """The depthwise suite through a Winograd space: every row unsupported, a summary without a crash."""
+    from benchmarks.tune import summary
+
+    df = ht.tune("winograd_f2", suite("depthwise"), timed=False)
+    assert df.status.str.startswith("unsupported").all()
+    assert summary(df) == {"problems": len(df), "tuned": 0, "tune_s": 0.0}

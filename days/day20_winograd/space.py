@@ -54,15 +54,16 @@ def space_variant(m: int, config: str) -> Variant:
 
 def gemm_tile(p: Conv2dProblem, m: int, cfg: WinoConfig) -> GemmTile:
     """The model's view of the n² GEMMs of F(m) on ``p`` with tile ``cfg``: each (Mg, Ng, Kg) of
-    `Geometry.gemm`, a batch of n², fp32 on CUDA cores; 256 threads, thread tile BM/16 x BN/16 and
-    a warp as 4 x 8 threads; the double-buffered shared tiles (A's rows padded by 4 floats); the
-    accumulators plus about 64 registers; DRAM: U and V read once, M written once."""
+    `Geometry.gemm`, a batch of n², fp32 on CUDA cores; 256 threads, thread tile BM/16 x BN/16, a
+    warp 2 x 16 threads (thread (tid / 16, tid % 16)), so its tile is BM/8 x BN; the
+    double-buffered shared tiles (A's rows padded by 4 floats); the accumulators plus about 64
+    registers; DRAM: U and V read once, M written once."""
     g = Geometry.of(p, m)
     mg, ng, kg = g.gemm
     tm, tn = cfg.bm // 16, cfg.bn // 16
     shared = 2 * GEMM_BK * (cfg.bm + 4 + cfg.bn) * FLOAT_BYTES
     dram = FLOAT_BYTES * (g.elements("U") + g.elements("V") + g.elements("M"))
-    return GemmTile(m=mg, n=ng, k=kg, bm=cfg.bm, bn=cfg.bn, bk=GEMM_BK, warp_m=4 * tm, warp_n=8 * tn,
+    return GemmTile(m=mg, n=ng, k=kg, bm=cfg.bm, bn=cfg.bn, bk=GEMM_BK, warp_m=2 * tm, warp_n=16 * tn,
                     threads=GEMM_THREADS, stages=2, shared_bytes=shared, regs=min(255, tm * tn + 64),
                     dram_bytes=dram, batch=g.positions, element_bytes=FLOAT_BYTES, cuda_cores=True)
 
