@@ -173,16 +173,16 @@ def tiles_for(iterator: str) -> tuple[TileDescription, ...]:
     return tuple(TileDescription.parse(t) for t, its in INSTANTIATED.items() if iterator in its)
 
 
+# The tile's -D defines of the PIPE_TUNE_* block, in PIPE_TUNE_ENTRY's argument order (then _BF16).
+TUNE_KEYS = ("PIPE_TUNE_BM", "PIPE_TUNE_BN", "PIPE_TUNE_BK", "PIPE_TUNE_WGM", "PIPE_TUNE_WGN", "PIPE_TUNE_ST",
+             "PIPE_TUNE_MINB")
+
+
 def tune_defines(tile: TileDescription, dtype: str) -> dict:
     """The ``-D`` defines that build ``tile`` alone (optimized iterator, one dtype: fp16 or bf16),
     the ``PIPE_TUNE_*`` block of ``13_igemm_production.cu``; its entry is named as an instantiated one."""
-    return {"PIPE_TUNE_BM": tile.bm, "PIPE_TUNE_BN": tile.bn, "PIPE_TUNE_BK": tile.bk, "PIPE_TUNE_WGM": tile.warps_m,
-            "PIPE_TUNE_WGN": tile.warps_n, "PIPE_TUNE_ST": tile.stages, "PIPE_TUNE_MINB": tile.min_blocks,
-            "PIPE_TUNE_BF16": int(dtype == "bf16")}
-
-
-TUNE_KEYS = ("PIPE_TUNE_BM", "PIPE_TUNE_BN", "PIPE_TUNE_BK", "PIPE_TUNE_WGM", "PIPE_TUNE_WGN", "PIPE_TUNE_ST",
-             "PIPE_TUNE_MINB")
+    values = (tile.bm, tile.bn, tile.bk, tile.warps_m, tile.warps_n, tile.stages, tile.min_blocks)
+    return {**dict(zip(TUNE_KEYS, values)), "PIPE_TUNE_BF16": int(dtype == "bf16")}
 
 
 def tune_entry_line(cu_file: str, defines: dict) -> str | None:

@@ -94,7 +94,7 @@ def space_candidates(m: int, p: Conv2dProblem, machine: Machine) -> list[Candida
 
 SPACES = {
     m: register_space(Space(f"winograd_f{m}", functools.partial(space_candidates, m), lambda config, p: [],
-                            functools.partial(lambda m, config, p: space_variant(m, config), m),
+                            lambda config, p, m=m: space_variant(m, config),
                             summary="the batched GEMM's block tile (one build)"))
     for m in REGISTERED_MS
 }
