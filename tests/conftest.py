@@ -226,15 +226,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
-    """Day 20's `helpers.check.check` with `prepare` replaced by the float32 simulation (on CPU tensors):
-    the harness's own verdict on the arithmetic of the pipeline (`simulate`) and of the fused
-    kernels (`simulate_fused`, for a variant built from the fused kernel file)."""
+    """`helpers.check.check` with `prepare` replaced by days 20 and 21's float32 simulations (on CPU
+    tensors): the harness's own verdict on the arithmetic of day 20's pipeline (`simulate`) and of
+    day 21's fused kernels (`simulate_fused`, for a variant built from the fused kernel file)."""
     import importlib
 
     import numpy as np
     import torch
 
     from days import day20_winograd as w20
+    from days import day21_winograd_fused as w21
 
     hchk = importlib.import_module("helpers.check")  # the module (the package re-exports its `check`)
 
@@ -243,8 +244,8 @@ def simulated_gpu(monkeypatch):
         m = int(plan.variant.defines["WINO_M"])
 
         def run():
-            if plan.variant.cu_file == w20.FUSED_CU_FILE:
-                y = w20.simulate_fused(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
+            if plan.variant.cu_file == w21.FUSED_CU_FILE:
+                y = w21.simulate_fused(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
             else:
                 y, _ = w20.simulate(plan.problem, x.numpy(), w.numpy(), m, np.float32, cfg=plan.config)
             out.copy_(torch.from_numpy(y))

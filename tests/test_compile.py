@@ -63,7 +63,7 @@ def test_kernel_files_exist():
 
 def test_build_targets_follow_the_variants():
     """The tensor-core days build for sm_80+ only, with the plain target, days 16-19 for sm_90a
-    alone; the rest (days 01-09, day 20's CUDA-core Winograd) for every arch."""
+    alone; the rest (days 01-09, days 20-21's CUDA-core Winograd) for every arch."""
     for v in all_variants():
         for arch in hc.ARCHS:
             reason = v.build_reason(_cc(arch))

@@ -1,4 +1,4 @@
-"""Day 20's fused kernel on the CPU (days/day20_winograd/fused.py, kernels/conv2d/20_winograd_fused.cu).
+"""Day 21's fused kernel on the CPU (days/day21_winograd_fused.py, kernels/conv2d/21_winograd_fused.cu).
 
 * the simulation of the fused kernels (`simulate_fused`: the filter launch into the blocked U, then
   each block's column jobs, row jobs, U chunk, GEMM channel by channel and epilogue pieces, with
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from conftest import assert_launches_match_signatures
 
 from days import day20_winograd as w20
+from days import day21_winograd_fused as w21
 from helpers import compile as hc
 from helpers.problem import Conv2dProblem
 from helpers.reference import compare, rel_l2_limit
@@ -69,20 +70,20 @@ def judged(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, y: np.ndarray, m:
 def test_the_block_tiles():
     """F(2): 32 tiles x 32 filters, 8 channels a step, 4 x 4 register tiles over 4 positions: 64
     accumulators; F(4): 16 x 32, 4 channels, 2 x 4 over 9 positions: 72; both under 48 KB."""
-    c2, c4 = w20.FUSED_TILES[2], w20.FUSED_TILES[4]
+    c2, c4 = w21.FUSED_TILES[2], w21.FUSED_TILES[4]
     assert (c2.bt, c2.bk, c2.bc, c2.tt, c2.tk, c2.pg, c2.np_, c2.accumulators) == (32, 32, 8, 4, 4, 4, 4, 64)
     assert (c4.bt, c4.bk, c4.bc, c4.tt, c4.tk, c4.pg, c4.np_, c4.accumulators) == (16, 32, 4, 2, 4, 4, 9, 72)
     assert (c2.smem_bytes, c4.smem_bytes) == (37376, 27648)
     for c in (c2, c4):
         assert c.tcs % 32 == c.n and c.tcs >= c.bt * c.trow
-        assert w20.fused_defines(c) == {**w20.kernel_defines(c.m), "WINOF_BT": c.bt, "WINOF_BK": c.bk,
+        assert w21.fused_defines(c) == {**w20.kernel_defines(c.m), "WINOF_BT": c.bt, "WINOF_BK": c.bk,
                                         "WINOF_BC": c.bc}
     with pytest.raises(ValueError, match="BT in 8, 16, 32"):
-        w20.FusedConfig(4, 24, 32, 4)
+        w21.FusedConfig(4, 24, 32, 4)
     with pytest.raises(ValueError, match="shared memory"):
-        w20.FusedConfig(4, 32, 64, 8)
+        w21.FusedConfig(4, 32, 64, 8)
     with pytest.raises(ValueError, match="position groups"):
-        w20.FusedConfig(4, 32, 16, 4)  # 32 threads a position: 8 groups do not divide 36 positions
+        w21.FusedConfig(4, 32, 16, 4)  # 32 threads a position: 8 groups do not divide 36 positions
 
 
 # ---- the launches ------------------------------------------------------------------------------------
@@ -95,12 +96,12 @@ def test_two_launches_and_the_blocked_u(m, layout):
     v = FUSED[m]
     plan = v.plan(p)
     cfg = plan.config
-    fg = w20.FusedGeometry.of(p, cfg)
+    fg = w21.FusedGeometry.of(p, cfg)
     ks = plan.launches
     lay = layout.lower()
     assert [k.name for k in ks] == ["filter", "main"]
     assert [k.entry for k in ks] == [f"winof_filter_{lay}", f"winof_main_{lay}"]
-    assert [k.source(v) for k in ks] == [w20.FUSED_CU_FILE] * 2
+    assert [k.source(v) for k in ks] == [w21.FUSED_CU_FILE] * 2
     assert plan.workspace_bytes == 4 * fg.kblocks * fg.chunks * cfg.npos * cfg.bc * cfg.bk
     assert [a for a in ks[0].args if isinstance(a, Buffer)] == [Buffer("w"), Buffer("workspace")]
     assert [a for a in ks[1].args if isinstance(a, Buffer)] == [Buffer("x"), Buffer("workspace"), Buffer("y")]
@@ -111,7 +112,7 @@ def test_two_launches_and_the_blocked_u(m, layout):
 
 
 def test_every_launch_matches_its_entrys_signature():
-    src = hc.kernel_path(w20.FUSED_CU_FILE).read_text()
+    src = hc.kernel_path(w21.FUSED_CU_FILE).read_text()
     sigs = {m[0]: [a.strip() for a in m[1].split(",")]
             for m in re.findall(r"\b(winof_filter_\w+)\(((?:const )?float\*[^)]*)\)\s*\{", src)}
     macro = re.search(r"NAME\((const float\* __restrict__ x,[^)]*)\)", src)
@@ -162,12 +163,12 @@ def test_refusals_say_why(m, spec, words, layout):
 def test_the_refusal_limits_are_tight():
     """The workspace at exactly the limit is taken, a float more refused; the grid at 2^31 − 1 blocks."""
     p = Conv2dProblem(N=1, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)
-    cfg = w20.FUSED_TILES[4]
-    need = w20.FusedGeometry.of(p, cfg).workspace_bytes
-    assert w20.fused_reason(p, cfg, limit=need) is None and "workspace" in w20.fused_reason(p, cfg, limit=need - 4)
+    cfg = w21.FUSED_TILES[4]
+    need = w21.FusedGeometry.of(p, cfg).workspace_bytes
+    assert w21.fused_reason(p, cfg, limit=need) is None and "workspace" in w21.fused_reason(p, cfg, limit=need - 4)
     big = Conv2dProblem(N=2**26, C=1, H=7, W=7, K=4128, R=3, S=3, padding=1)
-    fg = w20.FusedGeometry.of(big, w20.FUSED_TILES[2])
-    assert fg.blocks > MAX_GRID[0] and f"needs {fg.blocks} blocks" in w20.fused_reason(big, w20.FUSED_TILES[2])
+    fg = w21.FusedGeometry.of(big, w21.FUSED_TILES[2])
+    assert fg.blocks > MAX_GRID[0] and f"needs {fg.blocks} blocks" in w21.fused_reason(big, w21.FUSED_TILES[2])
 
 
 def test_the_edge_suite_3x3_problems_are_claimed():
@@ -192,27 +193,27 @@ def test_every_output_is_written_once(spec, m, layout):
     assert plan.refusal() is None
     counts = plan.covers()
     assert counts.shape == (p.y_numel,) and (counts == 1).all()
-    assert (w20.block_pair_writes(plan.config, layout == "NHWC") == 1).all()
+    assert (w21.block_pair_writes(plan.config, layout == "NHWC") == 1).all()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_grid_one_block_short_or_doubled_is_seen(layout):
     p = problem((2, 10, 23, 17, 33, 1), layout)
-    cfg = w20.FUSED_TILES[4]
-    full = w20.main_launch(w20.FusedGeometry.of(p, cfg))
+    cfg = w21.FUSED_TILES[4]
+    full = w21.main_launch(w21.FusedGeometry.of(p, cfg))
     short = dataclasses.replace(full, grid=(full.grid[0] - 1, 1, 1))
-    counts = w20.fused_output_writes(p, cfg, short)
+    counts = w21.fused_output_writes(p, cfg, short)
     assert (counts == 0).any() and ((counts == 0) | (counts == 1)).all()
     twice = dataclasses.replace(full, grid=(full.grid[0], 2, 1))  # every block run twice
-    assert (w20.fused_output_writes(p, cfg, twice) == 2).all()
+    assert (w21.fused_output_writes(p, cfg, twice) == 2).all()
 
 
 def test_a_wrong_pair_decode_is_seen():
     """The model's pair decode is the one that covers: swapping NCHW's for NHWC's does not."""
-    cfg = w20.FUSED_TILES[4]
-    tile, kk = w20.pair_decode(cfg, True, np.arange(cfg.npair))
+    cfg = w21.FUSED_TILES[4]
+    tile, kk = w21.pair_decode(cfg, True, np.arange(cfg.npair))
     assert sorted(zip(tile.tolist(), kk.tolist())) == [(t, k) for t in range(cfg.bt) for k in range(8)]
-    tile, kk = w20.pair_decode(cfg, False, np.arange(cfg.npair))
+    tile, kk = w21.pair_decode(cfg, False, np.arange(cfg.npair))
     assert sorted(zip(tile.tolist(), kk.tolist())) == [(t, k) for t in range(cfg.bt) for k in range(8)]
     bad = np.zeros((cfg.bt, cfg.bk), dtype=np.int64)
     pair = np.arange(cfg.npair)
@@ -230,7 +231,7 @@ def test_the_simulated_fused_kernel_is_the_convolution_in_float64(spec, m, layou
     """float64 against torch: equal to rounding (1e-12 of the |x|·|w| scale), nothing left NaN."""
     p = problem(spec, layout)
     x, w = p.make_inputs(seed=sum(spec[:5]))
-    y = w20.simulate_fused(p, x.numpy(), w.numpy(), m)
+    y = w21.simulate_fused(p, x.numpy(), w.numpy(), m)
     ref = torch_reference(p, x, w)
     scale = F.conv2d(p.to_logical(x).double().abs(), p.w_to_kcrs(w).double().abs(), padding=p.padding)
     err = (p.to_logical(torch.from_numpy(y)) - ref).abs()
@@ -246,7 +247,7 @@ def test_float32_runs_stay_within_day_20s_bound(spec, m, layout):
     `winograd_model`, the relative L2 error far under the harness's limit."""
     p = problem(spec, layout)
     x, w = p.make_inputs(seed=3)
-    r = judged(p, x, w, w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32), m)
+    r = judged(p, x, w, w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32), m)
     assert r["nonfinite"] == 0 and r["worst_err_over_bound"] <= 1, r
     assert r["rel_l2"] <= rel_l2_limit(p) / 10, r
 
@@ -258,10 +259,10 @@ def test_a_batch_is_its_images_run_alone_bit_for_bit(m, layout):
     with each image run alone (float32: every rounding of the simulation)."""
     p = problem((3, 11, 9, 7, 37, 1), layout)
     x, w = p.make_inputs(seed=5)
-    y = w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32)
+    y = w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32)
     p1 = dataclasses.replace(p, N=1, name="")
     for n in range(p.N):
-        y1 = w20.simulate_fused(p1, x[n:n + 1].numpy(), w.numpy(), m, np.float32)
+        y1 = w21.simulate_fused(p1, x[n:n + 1].numpy(), w.numpy(), m, np.float32)
         assert np.array_equal(y[n:n + 1], y1)
 
 
@@ -269,7 +270,7 @@ def test_a_batch_is_its_images_run_alone_bit_for_bit(m, layout):
 def test_integer_inputs_exact_through_f2_only(m):
     p = problem((2, 45, 9, 10, 4, 1))
     x, w = p.make_inputs(kind="int")
-    y = w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32)
+    y = w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32)
     r = compare(p, x, w, torch.from_numpy(y), exact=True, model=w20.winograd_model(m))
     assert r["worst_err_over_bound"] <= 1
     assert r["exact_equal"] == (m == 2), r
@@ -287,7 +288,7 @@ def test_the_clean_run_passes_the_check_the_faults_fail(m, layout):
     """The check that passes the clean run: nothing NaN, every output within `winograd_model`."""
     p = problem(FAULT_SPEC, layout)
     x, w = p.make_inputs(seed=7)
-    r = judged(p, x, w, w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32), m)
+    r = judged(p, x, w, w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32), m)
     assert r["nonfinite"] == 0 and r["worst_err_over_bound"] <= 1, r
 
 
@@ -297,7 +298,7 @@ def test_the_clean_run_passes_the_check_the_faults_fail(m, layout):
 def test_a_dropped_channel_chunk_is_caught(chunk, m, layout):
     p = problem(FAULT_SPEC, layout)
     x, w = p.make_inputs(seed=7)
-    r = judged(p, x, w, w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, drop_chunk=chunk), m)
+    r = judged(p, x, w, w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, drop_chunk=chunk), m)
     assert r["worst_err_over_bound"] > 10 and r["rel_l2"] > rel_l2_limit(p), r
 
 
@@ -307,7 +308,7 @@ def test_a_dropped_transform_position_is_caught(m, layout):
     p = problem(FAULT_SPEC, layout)
     x, w = p.make_inputs(seed=7)
     for pos in (0, w20.winograd(m).n + 1, (m + 2) ** 2 - 1):
-        y = w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, drop_position=pos)
+        y = w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, drop_position=pos)
         r = judged(p, x, w, y, m)
         assert r["worst_err_over_bound"] > 10, (pos, r)
 
@@ -319,7 +320,7 @@ def test_a_misplaced_edge_tile_is_caught(m, layout):
     neighbour's are overwritten (wrong values where the blocks' order lets it win)."""
     p = problem(FAULT_SPEC, layout)
     x, w = p.make_inputs(seed=7)
-    y = w20.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, edge_fault=True)
+    y = w21.simulate_fused(p, x.numpy(), w.numpy(), m, np.float32, edge_fault=True)
     r = judged(p, x, w, y, m)
     assert r["nonfinite"] > 0, r
     yl = p.to_logical(torch.from_numpy(y))
@@ -336,8 +337,8 @@ ENTRIES = {"winof_filter_nchw", "winof_filter_nhwc", "winof_main_nchw", "winof_m
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("arch", hc.ARCHS)
 def test_the_fused_kernels_compile_for_every_arch_without_spills(arch, m):
-    cfg = w20.FUSED_TILES[m]
-    reports, log = hc.nvcc_compile(w20.FUSED_CU_FILE, arch=arch, defines=w20.fused_defines(cfg))
+    cfg = w21.FUSED_TILES[m]
+    reports, log = hc.nvcc_compile(w21.FUSED_CU_FILE, arch=arch, defines=w21.fused_defines(cfg))
     by = {r.entry: r for r in reports}
     assert set(by) == ENTRIES, log
     for r in reports:
@@ -351,6 +352,6 @@ def test_the_fused_kernels_compile_for_every_arch_without_spills(arch, m):
 @pytest.mark.nvcc
 def test_the_fused_kernel_refuses_to_build_without_its_tile():
     with pytest.raises(RuntimeError, match="WINOF_BT"):
-        hc.nvcc_compile(w20.FUSED_CU_FILE, arch="sm_90", defines=w20.kernel_defines(4))
+        hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=w20.kernel_defines(4))
     with pytest.raises(RuntimeError, match="WINO_M"):
-        hc.nvcc_compile(w20.FUSED_CU_FILE, arch="sm_90")
+        hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90")

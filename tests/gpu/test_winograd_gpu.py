@@ -1,4 +1,4 @@
-"""Day 20 on a GPU (any compute capability the series builds for; tests/test_winograd.py is the CPU
+"""Days 20 and 21 on a GPU (any compute capability the series builds for; tests/test_winograd.py is the CPU
 half): winograd_f2 and winograd_f4, the non-fused pipeline of kernels/conv2d/20_winograd.cu.
 
 * against the float64 reference (`helpers.check.check`: y poisoned with NaN, a bitwise repeat) with
@@ -17,7 +17,7 @@ half): winograd_f2 and winograd_f4, the non-fused pipeline of kernels/conv2d/20_
 * bad input refused before any launch (stride 2, a 5 x 5 filter, fp64 tensors, a workspace over
   the limit), y untouched.
 
-The fused kernels (winograd_f2_fused, winograd_f4_fused: kernels/conv2d/20_winograd_fused.cu), the
+Day 21's fused kernels (winograd_f2_fused, winograd_f4_fused: kernels/conv2d/21_winograd_fused.cu), the
 same way: against the reference with day 20's bound (normal, integer: bit-exact through F(2) only,
 cancelling), the ResNet-50 layers, equal to the pipeline (the same roundings in the same order),
 NaN-poisoned workspace and y, bitwise repeats and a batch equal to its images alone, the filter
@@ -36,6 +36,7 @@ import pytest
 import torch
 
 from days import day20_winograd as w20
+from days import day21_winograd_fused as w21
 from helpers import gpu
 from helpers.check import check
 from helpers.launch import prepare, run
@@ -47,7 +48,7 @@ from helpers.variants import UnsupportedProblem
 pytestmark = pytest.mark.gpu
 
 VARIANTS = {2: w20.WINOGRAD[2], 4: w20.WINOGRAD[4]}
-FUSED = {2: w20.WINOGRAD_FUSED[2], 4: w20.WINOGRAD_FUSED[4]}
+FUSED = {2: w21.WINOGRAD_FUSED[2], 4: w21.WINOGRAD_FUSED[4]}
 LAYOUTS = ("NCHW", "NHWC")
 # (N, C, H, W, K, padding)
 CASES = {
@@ -249,7 +250,7 @@ def test_bad_tensors_and_a_huge_workspace_are_refused_before_a_launch():
 
 
 # ==============================================================================================
-# The fused kernels (kernels/conv2d/20_winograd_fused.cu; tests/test_winograd_fused.py is the CPU half)
+# Day 21's fused kernels (kernels/conv2d/21_winograd_fused.cu; tests/test_winograd_fused.py: the CPU half)
 # ==============================================================================================
 
 
@@ -288,7 +289,7 @@ def test_fused_filter_transform_is_the_simulation(m: int, layout: str):
     float32 to a few units of the last place, every element written."""
     v, p = FUSED[m], problem((2, 13, 11, 9, 37, (1, 2)), layout)
     x, w = p.make_inputs(device="cuda", seed=8)
-    want = w20.simulate_filter(p, w.cpu().numpy(), w20.FUSED_TILES[m], np.float32)
+    want = w21.simulate_filter(p, w.cpu().numpy(), w21.FUSED_TILES[m], np.float32)
     prepared, _ = prepare(v, p, x, w)
     ws = prepared.workspace.view(torch.float32)
     ws.fill_(float("nan"))
@@ -343,7 +344,7 @@ def test_fused_dropped_channel_chunk_is_caught():
     skips the last chunk: past the bound."""
     v, p = FUSED[4], problem((1, 16, 14, 15, 40, 1))
     c_arg = 4
-    bc = w20.FUSED_TILES[4].bc
+    bc = w21.FUSED_TILES[4].bc
     drop = with_main_args(v, "drop_chunk", lambda k: dataclasses.replace(
         k, args=k.args[:c_arg] + (np.int32(int(k.args[c_arg]) - bc),) + k.args[c_arg + 1:]))
     d = run_poisoned(drop, p)

@@ -1,6 +1,8 @@
-"""Day 20, fused: ``winograd_f2_fused`` and ``winograd_f4_fused`` (``kernels/conv2d/20_winograd_fused.cu``),
+"""Day 21: ``winograd_f2_fused`` and ``winograd_f4_fused`` (``kernels/conv2d/21_winograd_fused.cu``),
 Winograd F(m x m, 3 x 3) in fp32 on CUDA cores with the input transform, the n² GEMMs and the output
-transform in one kernel: no workspace for V or M (the pipeline's DRAM round trips).
+transform in one kernel: no workspace for V or M (the DRAM round trips of day 20's pipeline). Built on
+day 20's public names (`days.day20_winograd.pipeline`: the transforms and their ``-D`` defines, the tiles'
+`Geometry`, the refusals, the error model); the kernel file shares day 20's ``winograd_transforms.cuh``.
 
 * the block tile (`FusedConfig`, `FUSED_TILES`): BT Winograd tiles x BK filters per block, BC channels
   per chunk of the main loop, and what follows from them (the register tile, the position groups,
@@ -26,8 +28,7 @@ import numpy as np
 from helpers.problem import Conv2dProblem
 from helpers.variants import INT32_MAX, MAX_GRID, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
-from ..kit import cdiv
-from .pipeline import (
+from .day20_winograd.pipeline import (
     FLOAT_BYTES,
     WORKSPACE_LIMIT,
     Geometry,
@@ -42,8 +43,9 @@ from .pipeline import (
     winograd,
     winograd_model,
 )
+from .kit import cdiv
 
-FUSED_CU_FILE = "20_winograd_fused.cu"
+FUSED_CU_FILE = "21_winograd_fused.cu"
 FUSED_THREADS = 256  # the main kernel's block
 FUSED_TK = 4  # filters of a thread's register tile
 FUSED_KS = 8  # filters per piece of the epilogue (M through shared memory)
@@ -148,7 +150,7 @@ FUSED_TILES = {2: FusedConfig(2, 32, 32, 8), 4: FusedConfig(4, 16, 32, 4)}
 
 
 def fused_defines(cfg: FusedConfig) -> dict[str, object]:
-    """The ``-D`` defines of ``20_winograd_fused.cu``: day 20's transforms (`kernel_defines`) and the tile."""
+    """The ``-D`` defines of ``21_winograd_fused.cu``: day 20's transforms (`kernel_defines`) and the tile."""
     return {**kernel_defines(cfg.m), "WINOF_BT": cfg.bt, "WINOF_BK": cfg.bk, "WINOF_BC": cfg.bc}
 
 
@@ -447,7 +449,7 @@ def simulate_fused(p: Conv2dProblem, x: np.ndarray, w: np.ndarray, m: int, dtype
 
 
 def make_winograd_fused(m: int, name: str | None = None, tile: FusedConfig | None = None) -> Variant:
-    """The fused day-20 variant for F(m x m, 3 x 3) (not registered): ``winograd_f<m>_fused`` with
+    """The fused day-21 variant for F(m x m, 3 x 3) (not registered): ``winograd_f<m>_fused`` with
     the tile of `FUSED_TILES` (or ``tile``).
 
     Raises:
@@ -457,7 +459,7 @@ def make_winograd_fused(m: int, name: str | None = None, tile: FusedConfig | Non
     name = name or f"winograd_f{m}_fused"
     return Variant(
         name=name,
-        day=20,
+        day=21,
         cu_file=FUSED_CU_FILE,
         summary=f"Winograd F({m}x{m}, 3x3), fp32 on CUDA cores, fused: input transform, {(m + 2) ** 2} GEMMs and "
         f"output transform in one kernel ({cfg.bt} tiles x {cfg.bk} filters a block, {cfg.bc} channels a step), "

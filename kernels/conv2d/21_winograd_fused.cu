@@ -1,8 +1,8 @@
-// Day 20 (fused) - winograd_f2_fused, winograd_f4_fused: Winograd F(m x m, 3 x 3) on CUDA cores,
+// Day 21 - winograd_f2_fused, winograd_f4_fused: Winograd F(m x m, 3 x 3) on CUDA cores,
 // fp32, with the input transform, the n^2 GEMMs and the output transform in ONE kernel: no
 // workspace for V or M.
 //
-// What changed since 20_winograd.cu: the pipeline wrote V (n^2 x C x tiles floats) and M
+// What changed since day 20 (20_winograd.cu): the pipeline wrote V (n^2 x C x tiles floats) and M
 // (n^2 x K x tiles) to DRAM and read them back, once each; here a block keeps its tiles' V in
 // shared memory for one chunk of channels and its M in registers for the whole reduction. Only the
 // filter transform stays a launch of its own (U = G g G^T is the same for every tile: computed once
@@ -14,7 +14,7 @@
 //   winof_filter_<layout>  w -> Ub, the blocked U (below): grid-stride loop, 256-thread blocks
 //   winof_main_<layout>    x, Ub -> y: one block per (tile block, filter block), 1-D grid
 //
-// Compile-time parameters (-D, from days/day20_winograd `fused_defines`; required):
+// Compile-time parameters (-D, from days/day21_winograd_fused.py `fused_defines`; required):
 //   WINO_M, WINO_AT, WINO_G, WINO_BT  the transforms (winograd_transforms.cuh)
 //   WINOF_BT  Winograd tiles per block        (F(2): 32, F(4): 16)
 //   WINOF_BK  filters per block               (32)
@@ -79,11 +79,11 @@
 // Assumes: stride 1, dilation 1, groups 1, a 3 x 3 filter, fp32; NCHW x [N][C][H][W], KCRS w,
 // NCHW y [N][K][P][Q], or NHWC x [N][H][W][C], KRSC w [K][3][3][C], NHWC y [N][P][Q][K]; any
 // padding, H, W, C, K. The workspace 8-byte aligned. Offsets into x, y and Ub are 64-bit; T + BT,
-// the grid and the tiles' coordinates fit their ints (days/day20_winograd refuses what does not).
+// the grid and the tiles' coordinates fit their ints (days/day21_winograd_fused.py refuses what does not).
 #include "winograd_transforms.cuh"  // WM, WN, MatBT, MatG, mul_left, mul_right_t, filter_tile, output_tile, TileOrigin
 
 #if !defined(WINOF_BT) || !defined(WINOF_BK) || !defined(WINOF_BC)
-#error "WINOF_BT, WINOF_BK and WINOF_BC (the block tile, from days/day20_winograd fused_defines) must be defined"
+#error "WINOF_BT, WINOF_BK and WINOF_BC (the block tile: days/day21_winograd_fused.py, fused_defines) must be defined"
 #endif
 
 constexpr int F_THREADS = 256;
