@@ -14,7 +14,7 @@
 //   WINO_M = m;  WINO_AT, WINO_G, WINO_BT: the matrices row by row, each entry WINO_E(value) with
 //   value the float32 nearest the exact fraction (a comma-free list: nvcc splits -D values at commas).
 // The matrices and the tile transforms (mul_left, mul_right_t, filter_tile, input_tile, output_tile,
-// TileOrigin) live in winograd_transforms.cuh, which day 20's fused kernel (20_winograd_fused.cu) shares.
+// TileOrigin) live in winograd_transforms.cuh, which day 21's fused kernel (21_winograd_fused.cu) shares.
 //
 // The kernels of a run, in launch order (grid-stride loops over 1-D grids of 256 threads, except the GEMM):
 //   wino_filter_<layout>  w -> U = G g G^T, per (filter k, channel c)

@@ -1,5 +1,5 @@
-// winograd_transforms.cuh - Winograd F(m x m, 3 x 3)'s transforms, shared by day 20's kernels:
-// 20_winograd.cu (the pipeline over a workspace) and 20_winograd_fused.cu (one fused main kernel).
+// winograd_transforms.cuh - Winograd F(m x m, 3 x 3)'s transforms, shared by the Winograd kernels:
+// 20_winograd.cu (the pipeline over a workspace) and 21_winograd_fused.cu (day 21, one fused main kernel).
 //
 // The constants are not typed here: days/day20_winograd builds them exactly (`winograd(m)`) and
 // passes them as -D defines (`kernel_defines`): WINO_M = m; WINO_AT (m x n), WINO_G (n x 3),
