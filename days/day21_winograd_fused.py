@@ -14,6 +14,8 @@ day 20's public names (`days.day20_winograd.pipeline`: the transforms and their 
 * what the main kernel writes (`fused_output_writes`, the variant's ``covers_fn``) and the whole run
   on the CPU with the kernels' index arithmetic and loop order (`simulate_fused`), with planted
   faults (a channel chunk dropped, a transform position dropped, an edge tile misplaced);
+* the tuner's spaces (day 15) of both variants (`space_candidates`): every block tile (BT, BK, BC) the
+  kernel compiles with at most `SPACE_MAX_ACCUMULATORS` accumulators a thread, each its own build;
 * the error model: day 20's `winograd_model` unchanged. Each accumulator is one chain over the
   channels in ascending order (chunk by chunk, channel by channel), from 0, of the pipeline's
   transforms: the same roundings as the pipeline (`rounding_depth` counts them), in the same order.
@@ -21,11 +23,14 @@ day 20's public names (`days.day20_winograd.pipeline`: the transforms and their 
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from helpers.problem import Conv2dProblem
+from helpers.tune import Candidate, GemmTile, Machine, Space, gemm_tile_us, register_space
 from helpers.variants import INT32_MAX, MAX_GRID, Buffer, KernelLaunch, LaunchConfig, Variant, register
 
 from .day20_winograd.pipeline import (
@@ -341,8 +346,9 @@ def simulate_fused(p: Conv2dProblem, x: np.ndarray, w: np.ndarray, m: int, dtype
     column jobs (tile, c, b) into the staging array st (its padded pitches), the row jobs (tile, c,
     i) into V[pos][c][tile], the chunk's U copied, the accumulators updated channel by channel;
     then per epilogue piece, each thread's accumulators stored where the kernel stores them and
-    each pair's output transform written to its pixels. Shared arrays start NaN, y too: a read of
-    something never written spreads NaN to y. Returns y in the problem's layout.
+    each pair's output transform written to its pixels. Shared arrays start NaN, and so does y: a
+    pixel never written stays NaN, and a read of something never written spreads NaN to y. Returns
+    y in the problem's layout.
 
     Args:
         dtype: float64 (the index arithmetic, against torch) or float32 (products and sums rounded
@@ -478,3 +484,87 @@ def make_winograd_fused(m: int, name: str | None = None, tile: FusedConfig | Non
 
 
 WINOGRAD_FUSED = {m: register(make_winograd_fused(m)) for m in REGISTERED_FUSED_MS}
+
+
+# ---- the tuner's spaces (day 15) -------------------------------------------------------------------
+
+# The block tiles a search may build, before `FusedConfig` refuses some: BT tiles x BK filters x BC channels.
+SPACE_GRID = ((8, 16, 32), (8, 16, 32, 64), (1, 2, 4, 8, 16))
+# A thread's accumulators at most (the kernel's __launch_bounds__(256, 2) gives it 128 registers). Read from
+# nvcc 13.0's ptxas for sm_90 over the whole grid: with 64 (F(2)) or 72 (F(4)) accumulators no tile spills
+# but F(4) 8 x 64 x 4 (52 bytes); with 128 or more every tile spills 350-2,700 bytes.
+SPACE_MAX_ACCUMULATORS = 72
+
+
+@functools.cache
+def space_tiles(m: int) -> tuple[FusedConfig, ...]:
+    """Every tile of `SPACE_GRID` that `FusedConfig` accepts for F(m) with at most
+    `SPACE_MAX_ACCUMULATORS` accumulators a thread (F(2): 41, F(4): 5)."""
+    out = []
+    for bt, bk, bc in itertools.product(*SPACE_GRID):
+        try:
+            cfg = FusedConfig(m, bt, bk, bc)
+        except ValueError:
+            continue
+        if cfg.accumulators <= SPACE_MAX_ACCUMULATORS:
+            out.append(cfg)
+    return tuple(out)
+
+
+def parse_space_config(m: int, config: str) -> FusedConfig:
+    """``"16x32x4"`` -> FusedConfig(m, 16, 32, 4) (BT x BK x BC).
+
+    Raises:
+        ValueError: not ``<BT>x<BK>x<BC>``, or a tile the kernel refuses.
+    """
+    try:
+        bt, bk, bc = (int(v) for v in config.split("x"))
+    except ValueError:
+        raise ValueError(f"a fused Winograd tile is named like '16x32x4' (BT x BK x BC); got {config!r}") from None
+    return FusedConfig(m, bt, bk, bc)
+
+
+@functools.cache
+def space_variant(m: int, config: str) -> Variant:
+    """``winograd_f<m>_fused`` built with the tile ``config`` (one object per name)."""
+    return make_winograd_fused(m, f"winograd_f{m}_fused[{config}]", parse_space_config(m, config))
+
+
+def main_gemm_tile(p: Conv2dProblem, cfg: FusedConfig) -> GemmTile:
+    """The model's view of the main kernel on ``p`` as one GEMM on CUDA cores: GEMM-M = the tiles T,
+    GEMM-N = K, GEMM-K = n²·C (each chunk a step of n²·BC), one block per BT x BK; a warp holds 8
+    tile threads x 4 filter threads (`GemmThread`), so its tile is BT x min(BK, 16); the shared
+    memory of `FusedConfig.smem_bytes`; registers the accumulators plus about 48, capped at 128;
+    DRAM: x, y and the blocked U once each. Its L2 term reads V (what each block makes from x) once per
+    filter block and U once per tile block; the transforms' arithmetic is not counted."""
+    fg = FusedGeometry.of(p, cfg)
+    g = fg.g
+    dram = FLOAT_BYTES * (p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + fg.ub_elements)
+    return GemmTile(m=g.T, n=g.K, k=cfg.npos * g.C, bm=cfg.bt, bn=cfg.bk, bk=cfg.npos * cfg.bc, warp_m=cfg.bt,
+                    warp_n=min(cfg.bk, 4 * FUSED_TK), threads=FUSED_THREADS, stages=2,
+                    shared_bytes=cfg.smem_bytes, regs=min(128, cfg.accumulators + 48), steps=fg.chunks,
+                    dram_bytes=dram, element_bytes=FLOAT_BYTES, cuda_cores=True)
+
+
+def space_candidate_us(p: Conv2dProblem, cfg: FusedConfig, machine: Machine) -> float:
+    """Predicted µs of a run: the filter transform (w read, the blocked U written) at the DRAM rate
+    and its launch, plus the main kernel's `gemm_tile_us` (`main_gemm_tile`)."""
+    fg = FusedGeometry.of(p, cfg)
+    filt = FLOAT_BYTES * (p.K * p.C * p.R * p.S + fg.ub_elements)
+    return filt / (machine.dram_gbps * 1e3) + machine.launch_us + gemm_tile_us(main_gemm_tile(p, cfg), machine)
+
+
+def space_candidates(m: int, p: Conv2dProblem, machine: Machine) -> list[Candidate]:
+    """Every tile of `space_tiles` that runs ``p`` (`fused_reason`), the model's time each, in
+    families by block shape (BT x BK); `FUSED_TILES`'s tile is the prior."""
+    return [Candidate(cfg.name, space_variant(m, cfg.name), space_candidate_us(p, cfg, machine),
+                      cfg == FUSED_TILES[m], family=f"{cfg.bt}x{cfg.bk}")
+            for cfg in space_tiles(m) if fused_reason(p, cfg) is None]
+
+
+FUSED_SPACES = {
+    m: register_space(Space(f"winograd_f{m}_fused", functools.partial(space_candidates, m), lambda config, p: [],
+                            lambda config, p, m=m: space_variant(m, config),
+                            summary="the fused kernel's block tile BT x BK x BC (a build each)"))
+    for m in REGISTERED_FUSED_MS
+}

@@ -1,6 +1,7 @@
-"""Day 15's tuner over day 20's pipeline, on the CPU: the GEMM-tile spaces of ``winograd_f2`` and
+"""Day 15's tuner over days 20 and 21, on the CPU: the GEMM-tile spaces of ``winograd_f2`` and
 ``winograd_f4`` (one candidate per compiled tile, the rule as the one prior, one build for all,
-names that round-trip), the model's CUDA-core GEMM, and the rows of problems the variant refuses."""
+names that round-trip), the block-tile spaces of the fused variants (a build each, the registered
+tile as the prior), the models' CUDA-core GEMMs, and the rows of problems the variant refuses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from days import day21_winograd_fused as w21
 from days.day20_winograd import pipeline as wp
 from days.day20_winograd import space as ws
 from helpers import tune as ht
@@ -86,10 +88,44 @@ def test_a_batch_multiplies_the_blocks_and_the_bytes_of_one_gemm(machine):
     assert ht.gemm_tile_us(many, machine) - machine.launch_us > 2 * alone  # 32 blocks fill a quarter of 132 SMs
 
 
-def test_the_fused_variants_have_no_space():
-    for name in ("winograd_f2_fused", "winograd_f4_fused"):
-        with pytest.raises(KeyError, match="no search space"):
-            ht.space_of(name)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("m", [2, 4])
+def test_each_fused_tile_is_a_candidate_of_its_own_build_and_the_registered_tile_is_the_prior(m, layout, machine):
+    sp, v = ht.space_of(f"winograd_f{m}_fused"), get(f"winograd_f{m}_fused")
+    tiles = w21.space_tiles(m)
+    assert w21.FUSED_TILES[m] in tiles and all(c.accumulators <= w21.SPACE_MAX_ACCUMULATORS for c in tiles)
+    assert len(tiles) == {2: 41, 4: 5}[m]
+    for p in three_by_three(layout):
+        cands = sp.candidates(p, machine)
+        assert [c.config for c in cands] == [t.name for t in tiles if w21.fused_reason(p, t) is None]
+        (prior,) = [c for c in cands if c.prior]
+        assert w21.parse_space_config(m, prior.config) == v.plan(p).config == w21.FUSED_TILES[m]
+        for c in cands:
+            plan = c.variant.plan(p)
+            assert plan.reason is None and plan.config == w21.parse_space_config(m, c.config)
+            assert c.variant.defines == w21.fused_defines(plan.config)  # its own build: the tile is a -D define
+            assert c.model_us > 0 and c.family == "x".join(c.config.split("x")[:2])
+            assert sp.variant_for(c.config, p) is c.variant and sp.variations(c.config, p) == []
+
+
+def test_the_fused_model_charges_the_filter_transform_and_a_cuda_core_main_kernel(machine):
+    p = Conv2dProblem(N=32, C=128, H=28, W=28, K=128, R=3, S=3, padding=1)
+    for cfg in w21.space_tiles(4):
+        t, fg = w21.main_gemm_tile(p, cfg), w21.FusedGeometry.of(p, cfg)
+        assert (t.cuda_cores, t.element_bytes, t.batch, t.steps) == (True, 4, 1, fg.chunks)
+        assert (t.m, t.n, t.k) == (fg.g.T, p.K, cfg.npos * p.C)  # 2·m·n·k: the n² GEMMs' FLOPs
+        filt = 4 * (p.K * p.C * 9 + fg.ub_elements) / (machine.dram_gbps * 1e3) + machine.launch_us
+        assert w21.space_candidate_us(p, cfg, machine) == pytest.approx(filt + ht.gemm_tile_us(t, machine))
+    for bad in ("16x32", "16x32x4x1", "12x32x4", "16x30x4"):
+        with pytest.raises(ValueError):
+            w21.parse_space_config(4, bad)
+
+
+def test_the_fused_tiles_past_the_accumulator_cap_are_left_out():
+    """The cap is what ptxas showed: 128 accumulators spill on every tile (see SPACE_MAX_ACCUMULATORS)."""
+    over = [w21.FusedConfig(2, 32, 64, 4), w21.FusedConfig(4, 32, 32, 4), w21.FusedConfig(4, 16, 64, 2)]
+    for cfg in over:
+        assert cfg.accumulators > w21.SPACE_MAX_ACCUMULATORS and cfg not in w21.space_tiles(cfg.m)
 
 
 def test_a_problem_the_variant_refuses_is_an_unsupported_row_not_a_fault(monkeypatch):

@@ -9,7 +9,7 @@ entries), so a candidate costs a timing, no compile. A configuration is named as
 The model (`candidate_us`): the three transforms move their tensors through DRAM once each
 (`transform_bytes`, plus a launch each), the same for every tile; the GEMM is
 `helpers.tune.gemm_tile_us` of the batched SGEMM on CUDA cores (`gemm_tile`). Day 21's fused
-variants have one configuration each and no space.
+variants have spaces of their own (`days.day21_winograd_fused.space_candidates`).
 """
 
 from __future__ import annotations

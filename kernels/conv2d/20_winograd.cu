@@ -7,10 +7,11 @@
 //     Y = A^T [ sum_c (G g_c G^T) (.) (B^T d_c B) ] A          (.) elementwise, per output channel k
 // (Lavin and Gray, CVPR 2016). The sum over the channels c sits inside the transform domain, so
 // for each of the n^2 positions (xi, nu) it is one GEMM over all tiles and filters:
-//     M[xi nu] = U[xi nu] (K x C) . V[xi nu] (C x tiles):   F(2, 3) 16 GEMMs of 1/9 the direct FLOPs
-//     each (2.25x fewer in all), F(4, 3) 36 of them (4x fewer).
+//     M[xi nu] = U[xi nu] (K x C) . V[xi nu] (C x tiles):   per whole tile, F(2, 3) runs 16 GEMMs of 1/36
+//     the direct FLOPs each (16/36: 2.25x fewer in all), F(4, 3) 36 of 1/144 each (4x fewer); tiles
+//     that stick out past P and Q spend FLOPs on no output and cut the saving.
 // The transforms' constants (A^T m x n, G n x 3, B^T n x n) are not typed here: they are built
-// exactly in days/day20_winograd.py (`winograd(m)`) and passed as -D defines (`kernel_defines`):
+// exactly in days/day20_winograd/pipeline.py (`winograd(m)`) and passed as -D defines (`kernel_defines`):
 //   WINO_M = m;  WINO_AT, WINO_G, WINO_BT: the matrices row by row, each entry WINO_E(value) with
 //   value the float32 nearest the exact fraction (a comma-free list: nvcc splits -D values at commas).
 // The matrices and the tile transforms (mul_left, mul_right_t, filter_tile, input_tile, output_tile,
@@ -31,7 +32,7 @@
 // with Cp = C rounded up to 8 (the GEMM's BK), Tp = T and Kp = K rounded up to 4 (a float4 row).
 // The transforms write zeros into the padding, so the GEMM needs no mask along Kg and loads whole
 // float4s along Ng; every element of U, V and M is written exactly once per run (Python models:
-// filter_writes, input_writes, gemm_writes, and covers for y).
+// transform_writes, gemm_writes_model, workspace_writes, and output_writes for y).
 //
 // wino_gemm_<BM>x<BN>: day 09's register tiling on plain operands: 256 threads, BM x BN in
 // {128 x 128, 128 x 64, 64 x 128, 64 x 64}, BK = 8, thread tile BM/16 x BN/16, double-buffered
@@ -52,7 +53,7 @@
 // NCHW y [N][K][P][Q], or NHWC x [N][H][W][C], KRSC w [K][3][3][C], NHWC y [N][P][Q][K]; any
 // padding, any H, W, C, K. The workspace 16-byte aligned (each part starts 256-byte aligned).
 // Offsets that grow with the tensors are 64-bit; T, Cp, Kp, Tp and the GEMM's grid fit their ints
-// (days/day20_winograd.py refuses what does not, and a workspace over its limit).
+// (days/day20_winograd/pipeline.py refuses what does not, and a workspace over its limit).
 #include "winograd_transforms.cuh"  // WM, WR, WN, MatAT/MatG/MatBT, mul_left, mul_right_t, the tiles
 
 constexpr int W_THREADS = 256;  // the transforms' blocks

@@ -19,7 +19,7 @@
 #error "WINO_M (the output tile side m of F(m x m, 3 x 3)) must be defined, with WINO_AT, WINO_G, WINO_BT"
 #endif
 #if !defined(WINO_AT) || !defined(WINO_G) || !defined(WINO_BT)
-#error "WINO_AT, WINO_G and WINO_BT (the transforms, from days/day20_winograd.py kernel_defines) must be defined"
+#error "WINO_AT, WINO_G and WINO_BT (the transforms, days/day20_winograd/pipeline.py kernel_defines) must be defined"
 #endif
 
 constexpr int WM = WINO_M;      // output tile side m
@@ -29,7 +29,7 @@ constexpr int WN = WINO_M + 2;  // input tile side n = m + r - 1: also the trans
 #define WINO_E(v) v,  // one entry of a generated matrix
 
 // The transforms as compile-time matrices: T::v(i, j) is a constant once the loops are unrolled,
-// so a zero entry costs nothing and a +-1 entry becomes an add.
+// so mul_left's test for a zero entry is decided at compile time and a zero entry emits no instruction.
 struct MatAT {  // A^T, m x n
     static constexpr int rows = WM, cols = WN;
     __host__ __device__ static constexpr float v(int i, int j) {
