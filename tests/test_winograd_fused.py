@@ -350,6 +350,22 @@ def test_the_fused_kernels_compile_for_every_arch_without_spills(arch, m):
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("m", [2, 4])
+def test_every_tile_of_the_tuners_space_compiles_for_sm_90_with_its_shared_memory(m):
+    """The fused spaces (day 15's tuner) build each tile alone: each compiles, its static shared memory
+    is `FusedConfig.smem_bytes`; spills only where SPACE_MAX_ACCUMULATORS's comment says (F(4) 8 x 64 x 4)."""
+    spilled = set()
+    for cfg in w21.space_tiles(m):
+        reports, log = hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=w21.fused_defines(cfg))
+        by = {r.entry: r for r in reports}
+        assert set(by) == ENTRIES, log
+        assert all(by[f"winof_main_{lay}"].shared_bytes == cfg.smem_bytes for lay in ("nchw", "nhwc")), cfg
+        if any(r.spill_stores for r in reports):
+            spilled.add(cfg.name)
+    assert spilled == ({"8x64x4"} if m == 4 else set())
+
+
+@pytest.mark.nvcc
 def test_the_fused_kernel_refuses_to_build_without_its_tile():
     with pytest.raises(RuntimeError, match="WINOF_BT"):
         hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=w20.kernel_defines(4))
