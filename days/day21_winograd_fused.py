@@ -125,12 +125,15 @@ class FusedConfig:
 
     @property
     def trow(self) -> int:
-        """The staging array's pitch of one (channel, tile) row: n + 1."""
+        """The staging array's pitch of one (channel, tile) row: n + 1, the spare float putting the row
+        jobs' reads (tile fastest) in distinct shared-memory banks."""
         return self.n + 1
 
     @property
     def tcs(self) -> int:
-        """The staging array's pitch of one channel: BT·(n + 1) rounded up to n (mod 32)."""
+        """The staging array's pitch of one channel: BT·(n + 1) padded up to n (mod 32), spreading the
+        column jobs' stores over the banks (conflict-free for F(2) NHWC, 2-way otherwise: the kernel's
+        header)."""
         return self.bt * self.trow + ((self.n - self.bt * self.trow) % 32 + 32) % 32
 
     @property
