@@ -542,7 +542,7 @@ def main_gemm_tile(p: Conv2dProblem, cfg: FusedConfig) -> GemmTile:
     filter block and U once per tile block; the transforms' arithmetic is not counted."""
     fg = FusedGeometry.of(p, cfg)
     g = fg.g
-    dram = FLOAT_BYTES * (p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + fg.ub_elements)
+    dram = FLOAT_BYTES * (p.x_numel + p.y_numel + fg.ub_elements)
     return GemmTile(m=g.T, n=g.K, k=cfg.npos * g.C, bm=cfg.bt, bn=cfg.bk, bk=cfg.npos * cfg.bc, warp_m=cfg.bt,
                     warp_n=min(cfg.bk, 4 * FUSED_TK), threads=FUSED_THREADS, stages=2,
                     shared_bytes=cfg.smem_bytes, regs=min(128, cfg.accumulators + 48), steps=fg.chunks,
@@ -553,7 +553,7 @@ def space_candidate_us(p: Conv2dProblem, cfg: FusedConfig, machine: Machine) -> 
     """Predicted µs of a run: the filter transform (w read, the blocked U written) at the DRAM rate
     and its launch, plus the main kernel's `gemm_tile_us` (`main_gemm_tile`)."""
     fg = FusedGeometry.of(p, cfg)
-    filt = FLOAT_BYTES * (p.K * p.C * p.R * p.S + fg.ub_elements)
+    filt = FLOAT_BYTES * (p.w_numel + fg.ub_elements)
     return filt / (machine.dram_gbps * 1e3) + machine.launch_us + gemm_tile_us(main_gemm_tile(p, cfg), machine)
 
 
