@@ -27,6 +27,7 @@ import functools
 import random
 import re
 from collections import Counter, defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -553,11 +554,13 @@ RING_BUGS = {
 }
 
 
-def replay_ring(mode: str, stages: int, steps: int, tiles: int = 1, consumers: int = 2, bm: int = 128,
-                bn: int = 128, seed: int = 0, bug: str | None = None, trace: list | None = None,
+def replay_ring(mode: str, stages: int, steps: int | Sequence[int], tiles: int = 1, consumers: int = 2,
+                bm: int = 128, bn: int = 128, seed: int = 0, bug: str | None = None, trace: list | None = None,
                 slow_copies: float = 1.0) -> int:
     """Replay one block's ring under one random interleaving (``seed``); return the events run.
 
+    ``steps``: GEMM-K steps per tile, or (specialised / persistent) one count per tile of the
+    block, ``tiles`` of them (day 22's split items, whose step ranges differ).
     ``mode``: "one_wg", one warpgroup that issues its copies STAGES - 1 steps ahead between its
     own wgmma steps (one tile, as `one_warpgroup`); "specialised" / "persistent", a producer and
     ``consumers`` consumer warpgroups over ``tiles`` tiles, the ring's uses counted across tiles,
@@ -576,13 +579,17 @@ def replay_ring(mode: str, stages: int, steps: int, tiles: int = 1, consumers: i
     if bug is not None and bug not in RING_BUGS:
         raise ValueError(f"bug must be one of {', '.join(RING_BUGS)}; got {bug!r}")
     one, ping = mode == "one_wg", mode == "pingpong"
+    if not isinstance(steps, int):
+        if one or ping or len(steps) != tiles or min(steps) < 1:
+            raise ValueError(f"steps per tile ({list(steps)}): one count >= 1 per tile, specialised or persistent")
+    per_tile = [steps] * tiles if isinstance(steps, int) else list(steps)
     groups = 1 if one else consumers
     readers = 1 if one or ping else consumers  # consumer warpgroups that read each use of a slot
     rng = random.Random(seed)
     full = [Mbarrier(f"full[{s}]", 1) for s in range(stages)]
     empty = [Mbarrier(f"empty[{s}]", 4 * (1 if bug == "empty count" else readers)) for s in range(stages)]
     order = [Mbarrier(f"order[{g}]", 1) for g in range(2)]
-    total = tiles * steps
+    total = sum(per_tile)
     holds, landing, reading = [None] * stages, [0] * stages, [Counter() for _ in range(stages)]
     done = defaultdict(set)  # use -> consumers whose wgmma on it retired
     copies, mma = [], {g: deque() for g in range(groups)}
@@ -644,8 +651,8 @@ def replay_ring(mode: str, stages: int, steps: int, tiles: int = 1, consumers: i
 
     def consumer(g):
         u = 0
-        for _tile in range(tiles):
-            for t in range(steps):
+        for tile in range(tiles):
+            for t in range(per_tile[tile]):
                 s = u % stages
                 yield ("wait", full[s], full_parity(u))
                 yield ("mma", g, s, u)

@@ -378,8 +378,8 @@ def test_the_duplicate_check_catches_a_planted_copy(copy):
 def test_every_day_module_is_imported_by_the_package():
     on_disk = {p.stem for p in (ROOT / "days").glob("day*.py")} | {p.name for p in (ROOT / "days").glob("day*/")}
     assert set(days.DAY_MODULES) == on_disk
-    # day 15 tunes day 13's variants; day 17 runs day 16's; day 19 is wgrad on Hopper; days 20-21 Winograd
-    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 15)) | {16, 18, 19, 20, 21}
+    # day 15 tunes day 13's variants; day 17 runs day 16's; day 19 is wgrad on Hopper; days 20-21 Winograd; 22 split-K
+    assert {v.day for v in __import__("helpers").all_variants()} == set(range(1, 15)) | {16, 18, 19, 20, 21, 22}
 
 
 # ---- the kit -------------------------------------------------------------------------------------
@@ -569,7 +569,7 @@ def test_an_installed_copy_imports_every_day(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     kernel_dir, days, days_file = r.stdout.splitlines()
     assert str(env_dir) in kernel_dir and str(env_dir) in days_file and sys.prefix not in days_file
-    assert days == str([d for d in range(1, 22) if d not in (15, 17)])  # day 15 tunes, day 17 runs day 16's variant
+    assert days == str([d for d in range(1, 23) if d not in (15, 17)])  # day 15 tunes, day 17 runs day 16's variant
 
 
 def test_the_repository_points_at_nothing_outside_itself():

@@ -92,7 +92,7 @@ def test_default_variants_follow_dtype_and_layout():
     assert nhwc == {"im2col", "igemm_simt", "igemm_simt_analytic", "winograd_f2", "winograd_f4", "winograd_f2_fused",
                     "winograd_f4_fused"}
     fp16 = {v.name for v in default_variants(parse_args(["--dtype", "fp16", "--layout", "NHWC"]))}
-    assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined", "igemm_production", "igemm_wgmma"}
+    assert fp16 == {"igemm_wmma", "igemm_mma", "igemm_pipelined", "igemm_production", "igemm_wgmma", "igemm_split_k"}
     fp32 = {v.name for v in default_variants(parse_args(["--dtype", "fp32"]))}
     assert fp32 == {v.name for v in all_variants() if "NCHW" in v.layouts and "fp32" in v.dtypes}
     assert {"winograd_f2", "winograd_f4"} <= fp32  # --suite resnet50 --dtype fp32 runs day 20's variants
@@ -256,7 +256,8 @@ def test_op_selects_the_variants_that_compute_it():
     from benchmarks.__main__ import default_variants, parse_args
 
     assert parse_args([]).op == "fprop"
-    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == ["dgrad", "dgrad_wgmma"]
+    assert [v.name for v in default_variants(parse_args(["--op", "dgrad"]))] == [
+        "dgrad", "dgrad_wgmma", "dgrad_split_k"]
     assert [v.name for v in default_variants(parse_args(["--op", "wgrad"]))] == [
         "wgrad", "wgrad_serial", "wgrad_wgmma"]
     assert all(v.op == "fprop" for v in default_variants(parse_args(["--op", "fprop"])))

@@ -62,12 +62,12 @@ def test_kernel_files_exist():
 
 
 def test_build_targets_follow_the_variants():
-    """The tensor-core days build for sm_80+ only, with the plain target, days 16-19 for sm_90a
-    alone; the rest (days 01-09, days 20-21's CUDA-core Winograd) for every arch."""
+    """The tensor-core days build for sm_80+ only, with the plain target, days 16-19 and 22 for
+    sm_90a alone; the rest (days 01-09, days 20-21's CUDA-core Winograd) for every arch."""
     for v in all_variants():
         for arch in hc.ARCHS:
             reason = v.build_reason(_cc(arch))
-            if 16 <= v.day <= 19:  # Hopper: sm_90a, which runs on compute capability 9.0 alone
+            if 16 <= v.day <= 19 or v.day == 22:  # Hopper: sm_90a, which runs on compute capability 9.0 alone
                 assert (reason is None) == (_cc(arch) == (9, 0)), (v.name, arch, reason)
                 assert v.target(_cc(arch)) == arch + "a"
                 continue
@@ -143,9 +143,14 @@ def test_variant_entries_see_every_load_path():
 
 
 def test_variant_files_are_the_variants_own_but_where_a_launch_names_another():
-    """Every variant builds its own file alone, but day 18, whose fprop launch is built from day 16's."""
+    """Every variant builds its own file alone, but days 18 and 22, whose fprop launches (day 22's
+    where it does not split) are built from day 16's, and day 22's dgrad, whose rotation (and
+    strided phases) are built from day 18's."""
     files = {v.name: variant_files(v) for v in all_variants()}
-    assert {n: f for n, f in files.items() if len(f) > 1} == {"dgrad_wgmma": {"18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"}}
+    assert {n: f for n, f in files.items() if len(f) > 1} == {"dgrad_wgmma": {"18_dgrad_wgmma.cu", "16_igemm_wgmma.cu"},
+                                                              "igemm_split_k": {"22_split_k.cu", "16_igemm_wgmma.cu"},
+                                                              "dgrad_split_k": {"22_split_k.cu", "18_dgrad_wgmma.cu",
+                                                                                "16_igemm_wgmma.cu"}}
     day18 = variant_entries(get("dgrad_wgmma"))
     assert day18["18_dgrad_wgmma.cu"] == {"dgrad_rotate_filter", "dgrad_scatter_strided"}  # strided layers
     assert day18["16_igemm_wgmma.cu"] and all(e.startswith("igemm_wgmma_") for e in day18["16_igemm_wgmma.cu"])
