@@ -151,11 +151,7 @@ def step_visits(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -
     """How often the blocks of a ``blocks``-wide grid (default `grid_blocks`) compute each GEMM-K
     step of each output tile: shape (tiles_m, tiles_n, steps). Block b takes items b, b + blocks,
     ...; every entry is 1 when the items cover every step of every tile once."""
-    blocks = blocks or grid_blocks(p, cfg)
-    it = split_items(p, cfg)
-    taken = np.zeros(len(it["w"]), dtype=np.int64)
-    for b in range(min(blocks, len(taken))):
-        taken[b::blocks] += 1
+    it, taken = split_items(p, cfg), items_taken(p, cfg, blocks or grid_blocks(p, cfg))
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.tile.bm), cdiv(p.K, cfg.tile.bn)
     visits = np.zeros((tiles_m, tiles_n, steps_of(p)), dtype=np.int64)
     for i in np.nonzero(taken)[0]:
@@ -163,17 +159,26 @@ def step_visits(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -
     return visits
 
 
+def items_taken(p: Conv2dProblem, cfg: SplitConfig, blocks: int) -> np.ndarray:
+    """How often the blocks of a ``blocks``-wide grid take each work item: block b takes b, b +
+    blocks, ... below the item count (the kernel's loop)."""
+    taken = np.zeros(tile_count(p, cfg.tile) * cfg.splits, dtype=np.int64)
+    for b in range(min(blocks, len(taken))):
+        taken[b::blocks] += 1
+    return taken
+
+
 def partial_writes(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -> np.ndarray:
-    """Writes per element of the workspace's partials [splits][M][K] (flat) by the main launch:
-    each item stores its whole tile (rows < M, columns < K) into its split's slice."""
-    blocks = blocks or grid_blocks(p, cfg)
-    it = split_items(p, cfg)
+    """Writes per element of the workspace's partials [splits][M][K] (flat) by the main launch on
+    a ``blocks``-wide grid (default `grid_blocks`): each item taken stores its whole tile (rows <
+    M, columns < K) into its split's slice."""
+    it, taken = split_items(p, cfg), items_taken(p, cfg, blocks or grid_blocks(p, cfg))
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.tile.bm), cdiv(p.K, cfg.tile.bn)
     out = []
     for s in range(cfg.splits):
         visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
-        mine = (it["s"] == s) & (it["w"] < blocks * cdiv(len(it["w"]), blocks))
-        np.add.at(visits, (it["tm"][mine], it["tn"][mine]), 1)
+        mine = it["s"] == s
+        np.add.at(visits, (it["tm"][mine], it["tn"][mine]), taken[mine])
         out.append(gemm_writes(p.gemm.m, p.K, cfg.tile.bm, cfg.tile.bn, visits))
     return np.concatenate(out)
 
@@ -286,6 +291,9 @@ def split_reason(p: Conv2dProblem, cfg: WgmmaConfig | SplitConfig) -> str | None
     configuration or a split's tile, then the split's own limits)."""
     if isinstance(cfg, WgmmaConfig):
         return problem_reason(p, cfg)
+    if cfg.tile.compiled not in ENTRIES:  # e.g. a cluster tile: its maps copy half boxes, the kernel expects whole
+        return (f"{cfg.tile.name}: the split kernel instantiates {', '.join(t.name for t in ENTRIES)} "
+                f"({CU_FILE}'s SPLIT_ENTRY lines)")
     reason = problem_reason(p, cfg.tile)
     if reason:
         return reason

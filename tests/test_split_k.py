@@ -80,6 +80,17 @@ def test_splits_past_the_steps_are_refused():
     assert "C % 8" in d22.split_reason(q, d22.SplitConfig(d22.ENTRIES[0], 2))
 
 
+@pytest.mark.parametrize("tile", ["cluster_256x128_c2_s4", "cluster_a_256x128_c2_s4", "persistent_256x64_c2_s4",
+                                  "one_wg_128x128_c1_s4"])
+def test_a_tile_the_split_kernel_does_not_instantiate_is_refused(tile):
+    """A cluster tile's maps copy half boxes (the kernel's full barrier would wait for bytes that never come);
+    other day-16 tiles have no split entry: refused before a launch, for fprop and dgrad alike."""
+    p = _nhwc(N=32, C=512, H=7, W=7, K=512, R=3, S=3, padding=1)
+    cfg = d22.SplitConfig(d16.BY_NAME[tile], 2)
+    assert "SPLIT_ENTRY" in d22.split_reason(p, cfg)
+    assert "SPLIT_ENTRY" in d22.dgrad_split_reason(replace(p, op="dgrad", name=""), cfg)
+
+
 def test_the_rule_splits_only_under_filled_layers_and_keeps_day_16_elsewhere():
     layers = [replace(p, dtype="fp16", layout="NHWC", name="") for p in resnet50((32, 256))]
     picks = {p: d22.choose(p, sms=132) for p in layers}

@@ -31,9 +31,9 @@
 // days/day22_split_k.py, split_items and partial_writes).
 //
 // Assumes what day 16 assumes of x and w (C % 8 == 0, 16-byte alignment, the im2col limits),
-// part 8-byte aligned (a torch allocation), y 16-byte aligned and Cin 16-byte aligned when K % 8
-// == 0 (the reduction's vectors), splits <= steps, splits x M x K < 2^63 and the ring counter below
-// 2^31 (Python checks).
+// part 8-byte aligned (a torch allocation; 32-byte for the reduction's float4 pairs: a workspace
+// at a 128-byte offset), y 16-byte aligned when K % 8 == 0 (the reduction's vector store), splits <=
+// steps, M x K (+ a grid) < 2^31 and the ring counter below 2^31 (Python checks).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -150,6 +150,7 @@ __device__ __forceinline__ void produce_split(const CUtensorMap* xmap, const CUt
     for (int w = sch.first; w < sch.count; w += sch.step) {
         int tm, tn, s, lo, hi;
         sch.item(w, tm, tn, s, lo, hi);
+        if (lo == hi) continue;  // no steps (never with splits <= steps: Python checks); the consumers skip it too
         int n0, h0, w0;
         tile_origin(g, tm * BM, n0, h0, w0);
         for (int t = lo; t < hi; ++t, ++u) {
@@ -198,6 +199,7 @@ __device__ __forceinline__ void consume_split(const Geometry& g, float* part, co
     for (int w = sch.first; w < sch.count; w += sch.step) {
         int tm, tn, s, lo, hi;
         sch.item(w, tm, tn, s, lo, hi);
+        if (lo == hi) continue;  // as the producer: no ring step, no release
         float acc[MT][BN / 2] = {};
 #pragma unroll
         for (int j = 0; j < MT; ++j) fence_regs(acc[j]);  // the zeros in their own registers before the first
@@ -272,9 +274,9 @@ SPLIT_ENTRY(128, 64, 1, 8)
 // ---- the reduction: every output element sums its S partials in split order, then day 13's
 // epilogue act(alpha sum + beta Cin + bias) in fp32 (alpha = 1, no bias, Cin or ReLU: the sum
 // itself; a missing bias adds -0, which changes no value), rounded once to y's type. A grid-stride
-// loop over vectors of 8 consecutive elements of the M x K output: 16-byte loads of the partials,
-// Cin and the bias, one 16-byte store of y, when K % 8 == 0 (a vector then stays in one row); else
-// element by element.
+// loop over vectors of 8 consecutive elements of the M x K output: two 16-byte loads per split,
+// Cin and the bias element by element (read only with an epilogue), one 16-byte store of y, when
+// K % 8 == 0 (a vector then stays in one row); else element by element.
 template <bool BF16>
 __device__ __forceinline__ float epilogue_value(float v, int e, int k, const u16* cin, const u16* bias, float alpha,
                                                 float beta, int relu) {
