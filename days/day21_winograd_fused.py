@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -487,6 +487,23 @@ def make_winograd_fused(m: int, name: str | None = None, tile: FusedConfig | Non
 
 
 WINOGRAD_FUSED = {m: register(make_winograd_fused(m)) for m in REGISTERED_FUSED_MS}
+
+# The main loop's steps a timing experiment can leave out (``WINOF_SKIP``'s bits in the ``.cu`` file).
+SKIPPABLE = {"input": 1, "U": 2, "GEMM": 4}
+
+
+def skipping(v: Variant, *steps: str) -> Variant:
+    """``v`` (a fused variant) built with the main loop's ``steps`` left out (`SKIPPABLE`: "input" =
+    x's loads and the input transform, "U" = U's copy, "GEMM"), named ``<v>[no <steps>]``: a timing
+    experiment, whose output is wrong (day 21, section 5 times its main launch alone).
+
+    Raises:
+        ValueError: no step, or one not in `SKIPPABLE`.
+    """
+    if not steps or not set(steps) <= set(SKIPPABLE):
+        raise ValueError(f"steps to leave out: one or more of {', '.join(SKIPPABLE)}; got {steps}")
+    mask = sum(SKIPPABLE[s] for s in set(steps))
+    return replace(v, name=f"{v.name}[no {' + '.join(sorted(set(steps)))}]", defines={**v.defines, "WINOF_SKIP": mask})
 
 
 # ---- the tuner's spaces (day 15) -------------------------------------------------------------------

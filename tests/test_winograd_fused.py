@@ -371,3 +371,27 @@ def test_the_fused_kernel_refuses_to_build_without_its_tile():
         hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=w20.kernel_defines(4))
     with pytest.raises(RuntimeError, match="WINO_M"):
         hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90")
+
+
+def test_a_step_left_out_is_a_define_and_a_name():
+    v = get("winograd_f4_fused")
+    s = w21.skipping(v, "GEMM", "input")
+    assert s.name == "winograd_f4_fused[no GEMM + input]" and s.defines["WINOF_SKIP"] == 5
+    assert {k: d for k, d in s.defines.items() if k != "WINOF_SKIP"} == v.defines and "WINOF_SKIP" not in v.defines
+    for bad in ((), ("x",)):
+        with pytest.raises(ValueError, match="one or more of"):
+            w21.skipping(v, *bad)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("steps", [("input",), ("U",), ("GEMM",)])
+def test_each_step_left_out_builds_without_spills(steps):
+    """The timing experiments of day 21's section 5 build (sm_90), the main kernel without spills;
+    leaving the GEMM out frees registers (its accumulators), leaving the others out does not."""
+    v = get("winograd_f4_fused")
+    full = {r.entry: r for r in hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=v.defines)[0]}
+    reports, _ = hc.nvcc_compile(w21.FUSED_CU_FILE, arch="sm_90", defines=w21.skipping(v, *steps).defines)
+    main = [r for r in reports if r.entry.startswith("winof_main")]
+    assert len(main) == 2 and all(r.spill_stores == r.spill_loads == 0 for r in main)
+    if steps == ("GEMM",):
+        assert all(r.registers < full[r.entry].registers for r in main)

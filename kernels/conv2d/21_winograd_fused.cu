@@ -86,6 +86,15 @@
 #error "WINOF_BT, WINOF_BK and WINOF_BC (the block tile: days/day21_winograd_fused.py, fused_defines) must be defined"
 #endif
 
+// WINOF_SKIP (optional, default 0): a timing experiment (day 21, section 5), never a result. Each set bit
+// leaves one step of the main loop out, so the main kernel's time without it can be set beside its
+// whole time: 1 = the input stage (steps 1 and 2: x's loads and the input transform), 2 = U's copy
+// (steps 0 and 3), 4 = the GEMM (step 4). The barriers stay; the output is wrong (never checked).
+#ifndef WINOF_SKIP
+#define WINOF_SKIP 0
+#endif
+constexpr bool SKIP_INPUT = WINOF_SKIP & 1, SKIP_U = WINOF_SKIP & 2, SKIP_GEMM = WINOF_SKIP & 4;
+
 constexpr int F_THREADS = 256;
 constexpr int BT = WINOF_BT, BK = WINOF_BK, BC = WINOF_BC;
 constexpr int NPOS = WN * WN;              // transform positions
@@ -356,14 +365,14 @@ __device__ __forceinline__ void fused_main(const float* __restrict__ x, const fl
     UChunk uc;
 #pragma unroll 1
     for (int ch = 0; ch < chunks; ++ch) {
-        uc.fetch(ub + (idx_t)ch * UCHUNK);  // 0: in flight during 1 and 2
-        input_columns<NHWC>(x, s, t0, ch * BC, sm);  // 1
+        if constexpr (!SKIP_U) uc.fetch(ub + (idx_t)ch * UCHUNK);  // 0: in flight during 1 and 2
+        if constexpr (!SKIP_INPUT) input_columns<NHWC>(x, s, t0, ch * BC, sm);  // 1
         __syncthreads();
-        input_rows(sm);  // 2
+        if constexpr (!SKIP_INPUT) input_rows(sm);  // 2
         __syncthreads();
-        uc.put(sm);  // 3
+        if constexpr (!SKIP_U) uc.put(sm);  // 3
         __syncthreads();
-        gemm_chunk(sm, th, acc);  // 4
+        if constexpr (!SKIP_GEMM) gemm_chunk(sm, th, acc);  // 4
         __syncthreads();
     }
     output_pieces<NHWC>(y, s, t0, k0, th, acc, sm);
