@@ -1,13 +1,13 @@
 """Day 22's variant: day 16's Hopper fprop with GEMM-K split across blocks where its output tiles
 leave SMs idle (``kernels/conv2d/22_split_k.cu``: day 16's producer, consumers and ring over split
-work items, and a reduction kernel).
+work units, and a reduction kernel).
 
 A split run is two launches:
 
 * ``main``: ``igemm_split_k_<tile>_<dtype>``, day 16's persistent producer and two consumers over
-  work items w of splits x tiles: split s = w // tiles of tile w % tiles (day 16's tile order),
-  GEMM-K steps [steps·s // splits, steps·(s + 1) // splits) (`split_items`); each item's fp32
-  partial tile goes to the workspace ``part[s][m][k]`` (M x K row-major per split, `partial_writes`);
+  work units w of splits x tiles: split z = w // tiles of tile w % tiles (day 16's tile order),
+  GEMM-K steps [steps·z // splits, steps·(z + 1) // splits) (`split_units`); each unit's fp32
+  partial tile goes to the workspace ``part[z][m][k]`` (M x K row-major per split, `partial_writes`);
 * ``reduce``: ``split_k_reduce_<dtype>`` sums each element's partials in split order 0, 1, ...,
   splits − 1 in fp32 (the same bits on every run, whatever order the blocks ran in), applies day
   13's epilogue act(alpha·sum + beta·Cin + bias) and rounds once into y (`reduce_writes`,
@@ -132,26 +132,26 @@ def steps_of(p: Conv2dProblem) -> int:
 
 
 def grid_blocks(p: Conv2dProblem, cfg: SplitConfig, sms: int | None = None) -> int:
-    """At most one block per SM (persistent), at most one per work item."""
+    """At most one block per SM (persistent), at most one per work unit."""
     return min(tile_count(p, cfg.tile) * cfg.splits, sms or device_sms())
 
 
-def split_items(p: Conv2dProblem, cfg: SplitConfig) -> dict[str, np.ndarray]:
-    """Every work item w of the kernel's ``SplitScheduler``, as arrays: tm, tn (the tile, by day
-    16's `tile_coords`), s (the split) and the GEMM-K steps [lo, hi)."""
+def split_units(p: Conv2dProblem, cfg: SplitConfig) -> dict[str, np.ndarray]:
+    """Every work unit w of the kernel's ``SplitScheduler``, as arrays: tm, tn (the tile, by day
+    16's `tile_coords`), z (the split) and the GEMM-K steps [lo, hi)."""
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.tile.bm), cdiv(p.K, cfg.tile.bn)
     tiles, steps = tiles_m * tiles_n, steps_of(p)
     w = np.arange(tiles * cfg.splits)
-    s = w // tiles
-    tm, tn = tile_coords(w - s * tiles, tiles_m, tiles_n, cfg.tile.group_m)
-    return {"w": w, "tm": tm, "tn": tn, "s": s, "lo": s * steps // cfg.splits, "hi": (s + 1) * steps // cfg.splits}
+    z = w // tiles
+    tm, tn = tile_coords(w - z * tiles, tiles_m, tiles_n, cfg.tile.group_m)
+    return {"w": w, "tm": tm, "tn": tn, "z": z, "lo": z * steps // cfg.splits, "hi": (z + 1) * steps // cfg.splits}
 
 
 def step_visits(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -> np.ndarray:
     """How often the blocks of a ``blocks``-wide grid (default `grid_blocks`) compute each GEMM-K
-    step of each output tile: shape (tiles_m, tiles_n, steps). Block b takes items b, b + blocks,
-    ...; every entry is 1 when the items cover every step of every tile once."""
-    it, taken = split_items(p, cfg), items_taken(p, cfg, blocks or grid_blocks(p, cfg))
+    step of each output tile: shape (tiles_m, tiles_n, steps). Block b takes units b, b + blocks,
+    ...; every entry is 1 when the units cover every step of every tile once."""
+    it, taken = split_units(p, cfg), units_taken(p, cfg, blocks or grid_blocks(p, cfg))
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.tile.bm), cdiv(p.K, cfg.tile.bn)
     visits = np.zeros((tiles_m, tiles_n, steps_of(p)), dtype=np.int64)
     for i in np.nonzero(taken)[0]:
@@ -159,9 +159,9 @@ def step_visits(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -
     return visits
 
 
-def items_taken(p: Conv2dProblem, cfg: SplitConfig, blocks: int) -> np.ndarray:
-    """How often the blocks of a ``blocks``-wide grid take each work item: block b takes b, b +
-    blocks, ... below the item count (the kernel's loop)."""
+def units_taken(p: Conv2dProblem, cfg: SplitConfig, blocks: int) -> np.ndarray:
+    """How often the blocks of a ``blocks``-wide grid take each work unit: block b takes b, b +
+    blocks, ... below the unit count (the kernel's loop)."""
     taken = np.zeros(tile_count(p, cfg.tile) * cfg.splits, dtype=np.int64)
     for b in range(min(blocks, len(taken))):
         taken[b::blocks] += 1
@@ -170,14 +170,14 @@ def items_taken(p: Conv2dProblem, cfg: SplitConfig, blocks: int) -> np.ndarray:
 
 def partial_writes(p: Conv2dProblem, cfg: SplitConfig, blocks: int | None = None) -> np.ndarray:
     """Writes per element of the workspace's partials [splits][M][K] (flat) by the main launch on
-    a ``blocks``-wide grid (default `grid_blocks`): each item taken stores its whole tile (rows <
+    a ``blocks``-wide grid (default `grid_blocks`): each unit taken stores its whole tile (rows <
     M, columns < K) into its split's slice."""
-    it, taken = split_items(p, cfg), items_taken(p, cfg, blocks or grid_blocks(p, cfg))
+    it, taken = split_units(p, cfg), units_taken(p, cfg, blocks or grid_blocks(p, cfg))
     tiles_m, tiles_n = cdiv(p.gemm.m, cfg.tile.bm), cdiv(p.K, cfg.tile.bn)
     out = []
-    for s in range(cfg.splits):
+    for z in range(cfg.splits):
         visits = np.zeros((tiles_m, tiles_n), dtype=np.int64)
-        mine = it["s"] == s
+        mine = it["z"] == z
         np.add.at(visits, (it["tm"][mine], it["tn"][mine]), taken[mine])
         out.append(gemm_writes(p.gemm.m, p.K, cfg.tile.bm, cfg.tile.bn, visits))
     return np.concatenate(out)
@@ -252,12 +252,12 @@ def tile_efficiency(tile: WgmmaConfig) -> float:
 
 def split_cost(p: Conv2dProblem, tile: WgmmaConfig, splits: int, sms: int) -> float:
     """The model `choose` minimises, in FLOP-equivalents of one SM's tensor cores: the busiest
-    SM's items (ceil(items / sms), an item being a tile's ceil(steps / splits) steps of 2·BM·BN·64
+    SM's units (ceil(units / sms), an unit being a tile's ceil(steps / splits) steps of 2·BM·BN·64
     FLOP, divided by the tile's `TILE_EFFICIENCY`), plus with splits > 1 the partials' 8 bytes per
     element and split (written, read back) at `L2_FLOP_PER_BYTE` spread over the SMs, and the
     reduction's launch (`REDUCE_LAUNCH_US` at one SM's rate). A model of the shape, not a fit."""
-    items = tile_count(p, tile) * splits
-    main = cdiv(items, sms) * cdiv(steps_of(p), splits) * 2 * tile.bm * tile.bn * BK / tile_efficiency(tile)
+    units = tile_count(p, tile) * splits
+    main = cdiv(units, sms) * cdiv(steps_of(p), splits) * 2 * tile.bm * tile.bn * BK / tile_efficiency(tile)
     if splits == 1:
         return main
     extra = 8 * p.gemm.m * p.K * splits * L2_FLOP_PER_BYTE / sms
@@ -305,7 +305,7 @@ def split_reason(p: Conv2dProblem, cfg: WgmmaConfig | SplitConfig) -> str | None
     if plane + REDUCE_THREADS * REDUCE_BLOCKS_PER_SM * device_sms() * 8 > INT32_MAX:
         return f"M x K = {plane} (+ one grid of the reduction) does not fit the reduction's 32-bit indices"
     if tile_count(p, cfg.tile) * cfg.splits + 2 * grid_blocks(p, cfg) > INT32_MAX:
-        return "the work items (+ two rounds of the grid) do not fit the kernel's 32-bit indices"
+        return "the work units (+ two rounds of the grid) do not fit the kernel's 32-bit indices"
     ring = (cdiv(tile_count(p, cfg.tile) * cfg.splits, grid_blocks(p, cfg)) + 1) * cdiv(steps, cfg.splits)
     if ring > INT32_MAX:
         return f"a block's ring steps ({ring}) do not fit the kernel's 32-bit ring counter"
@@ -405,6 +405,12 @@ def dgrad_split_reason(p: Conv2dProblem, cfg: WgmmaConfig | SplitConfig | None) 
     return reason or split_reason(d18.fprop_problem(p), cfg)
 
 
+def gemm_problem(p: Conv2dProblem) -> Conv2dProblem:
+    """The fprop whose GEMM a run splits: ``p`` itself, or for a dgrad day 18's fprop over dy
+    (`days.day18_dgrad_wgmma.fprop_problem`)."""
+    return d18.fprop_problem(p) if p.op == "dgrad" else p
+
+
 def dgrad_filter_bytes(p: Conv2dProblem) -> int:
     """The rotated filter w' at the workspace's start, `days.day18_dgrad_wgmma.aligned`."""
     return d18.aligned(d18.workspace_bytes(p))
@@ -413,7 +419,7 @@ def dgrad_filter_bytes(p: Conv2dProblem) -> int:
 def dgrad_workspace_bytes(p: Conv2dProblem, cfg: WgmmaConfig | SplitConfig | None) -> int:
     """Day 18's workspace; with a split, w' and then the fp32 partials of the fprop over dy."""
     if isinstance(cfg, SplitConfig):
-        return dgrad_filter_bytes(p) + workspace_bytes(d18.fprop_problem(p), cfg)
+        return dgrad_filter_bytes(p) + workspace_bytes(gemm_problem(p), cfg)
     return d18.workspace_bytes(p)
 
 
@@ -511,7 +517,7 @@ def space_variant(config: str) -> Variant:
 
 
 def split_tile_us(p: Conv2dProblem, cfg: SplitConfig, machine: Machine) -> float:
-    """The model's time of a split run: day 16's tile on ceil(steps / splits) steps per item, its
+    """The model's time of a split run: day 16's tile on ceil(steps / splits) steps per unit, its
     blocks times the splits, the partials' 8 bytes per element and split as extra traffic, plus
     the reduction's launch."""
     base = gemm_tile(p, cfg.tile)

@@ -1,4 +1,4 @@
-"""Day 22's split-K fprop on the CPU: the work items cover every GEMM-K step of every tile once on
+"""Day 22's split-K fprop on the CPU: the work units cover every GEMM-K step of every tile once on
 any grid, every partial and every output element is written once, the split run's arithmetic (by
 the kernel's ranges, summed in split order) matches the float64 reference and a skipped step is
 caught, the refusals, the rule, and the launches (tests/gpu/test_split_k_gpu.py runs the kernels)."""
@@ -124,8 +124,8 @@ def test_the_registered_variant_runs_day_16s_launch_where_it_does_not_split():
 
 
 def block_item_steps(p: Conv2dProblem, cfg: d22.SplitConfig, block: int, blocks: int) -> list[int]:
-    """The GEMM-K steps of each item block ``block`` of a ``blocks``-wide grid takes, in order."""
-    it = d22.split_items(p, cfg)
+    """The GEMM-K steps of each unit block ``block`` of a ``blocks``-wide grid takes, in order."""
+    it = d22.split_units(p, cfg)
     mine = it["w"][block::blocks]
     return list(it["hi"][mine] - it["lo"][mine])
 
@@ -133,7 +133,7 @@ def block_item_steps(p: Conv2dProblem, cfg: d22.SplitConfig, block: int, blocks:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("stages, splits", [(4, 4), (6, 5), (8, 7)])
 def test_the_ring_runs_on_across_items_of_different_lengths(seed, stages, splits):
-    """One block's producer and two consumers over items whose step counts differ (18 steps in 4,
+    """One block's producer and two consumers over units whose step counts differ (18 steps in 4,
     5 or 7 splits), replayed under random interleavings with day 16's model of the ring: no copy
     into a slot still read, no read of a step not landed, no deadlock."""
     p = _nhwc(N=2, C=72, H=24, W=25, K=136, R=3, S=3, padding=1, dilation=(2, 1))
@@ -145,7 +145,7 @@ def test_the_ring_runs_on_across_items_of_different_lengths(seed, stages, splits
 
 
 @pytest.mark.parametrize("bug", ["early arrive", "full parity", "empty parity", "empty count"])
-def test_a_broken_ring_is_caught_on_split_items(bug):
+def test_a_broken_ring_is_caught_on_split_units(bug):
     p = _nhwc(N=2, C=72, H=24, W=25, K=136, R=3, S=3, padding=1, dilation=(2, 1))
     steps = block_item_steps(p, d22.SplitConfig(d22.ENTRIES[2], 5), 0, 2)
     caught = 0

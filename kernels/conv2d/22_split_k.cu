@@ -4,31 +4,32 @@
 //
 // Why: at N = 32 ResNet-50's deep layers have fewer output tiles than the GPU has SMs (C2048 7x7
 // K512 1x1: GEMM-M = 32 x 49 = 1,568 pixels by 512 filters, 26 tiles of 128 x 256 on 132 SMs), so
-// most SMs wait while a few walk the whole GEMM-K (2,048 channels). Splitting GEMM-K into S ranges
-// makes S times as many work items, each 1/S as long; the price is S partial tiles of fp32 written
-// and read back once, and a second launch.
+// most SMs wait while a few walk the whole GEMM-K (2,048 channels). Splitting GEMM-K
+// into Z ranges (the split factor; day 19 splits wgrad's the same way) makes Z times as many work
+// units, each 1/Z as long; the price is Z partial tiles of fp32 written and read back once, and a
+// second launch.
 //
 // What is day 16's (16_igemm_wgmma.cu, whose notebook shows that file whole, so its pieces are
 // repeated here rather than moved to a header; the first block below): the copy engine's loads
 // (issue_step: the im2col map of x, the tiled map of w), the wgmma step (mma_step), the ring of
 // STAGES slots with its full / empty mbarriers, the tile order (tile_coords), the warp
 // specialisation (one producer warpgroup, two consumers, setmaxnreg). What is new here:
-//   SplitScheduler  work item w of splits x tiles: split s = w / tiles of tile w % tiles (all of a
+//   SplitScheduler  work unit w of splits x tiles: split z = w / tiles of tile w % tiles (all of a
 //                   split's tiles before the next split's, so tiles in flight at once still share
 //                   rows of A and columns of B, as day 16's order makes them); its GEMM-K steps are
-//                   [s steps / splits, (s + 1) steps / splits), at least one each (Python checks
-//                   splits <= steps). Block b takes items b, b + gridDim.x, ... (persistent).
-//   produce_split   day 16's producer over the items' step ranges.
-//   consume_split   day 16's consumer over the same ranges; each item's accumulators go to its
-//                   split's slice of the workspace, part[s][m][k] fp32, straight from the registers
+//                   [z steps / splits, (z + 1) steps / splits), at least one each (Python checks
+//                   splits <= steps). Block b takes units b, b + gridDim.x, ... (persistent).
+//   produce_split   day 16's producer over the units' step ranges.
+//   consume_split   day 16's consumer over the same ranges; each unit's accumulators go to its
+//                   split's slice of the workspace, part[z][m][k] fp32, straight from the registers
 //                   (store_partial: a thread's column pairs are 8-byte stores; a warp's instruction
-//                   writes 8 rows x 32 bytes, whole 32-byte sectors).
-//   split_k_reduce  y[m][k] = act(alpha (part[0] + part[1] + ... + part[S-1]) + beta Cin + bias),
+//                   writes 8 rows x 32 bytes, whole 32-byte sectors when K % 8 == 0).
+//   split_k_reduce  y[m][k] = act(alpha (part[0] + part[1] + ... + part[Z-1]) + beta Cin + bias),
 //                   summed in that order for every element: the same bits on every run, whatever
 //                   order the blocks ran in (no atomics, no semaphore between blocks). Rounded once.
-// Every item computes a partial tile and stores it whole (rows < M, columns < K), so the workspace
-// needs no zero fill: each element of part[s] is written by exactly one item (Python:
-// days/day22_split_k.py, split_items and partial_writes).
+// Every unit computes a partial tile and stores it whole (rows < M, columns < K), so the workspace
+// needs no zero fill: each element of part[z] is written by exactly one unit (Python:
+// days/day22_split_k.py, split_units and partial_writes).
 //
 // Assumes what day 16 assumes of x and w (C % 8 == 0, 16-byte alignment, the im2col limits),
 // part 8-byte aligned (a torch allocation; 32-byte for the reduction's float4 pairs: a workspace
@@ -117,7 +118,7 @@ struct Barriers {
 };
 
 
-// ---- the work items: (split, tile) -> the tile's coordinates and its GEMM-K step range
+// ---- the work units: (split, tile) -> the tile's coordinates and its GEMM-K step range
 struct SplitScheduler {
     const Geometry& g;
     const int tiles_m, tiles_n, tiles, splits, steps, count, first, step;
@@ -131,25 +132,25 @@ struct SplitScheduler {
           count(tiles_m_ * tiles_n_ * splits_),
           first(blockIdx.x),
           step(gridDim.x) {}
-    __device__ __forceinline__ void item(int w, int& tm, int& tn, int& s, int& lo, int& hi) const {
-        s = w / tiles;
-        tile_coords(g, tiles_m, tiles_n, w - s * tiles, tm, tn);
-        lo = (int)((long long)s * steps / splits);
-        hi = (int)((long long)(s + 1) * steps / splits);
+    __device__ __forceinline__ void unit(int w, int& tm, int& tn, int& z, int& lo, int& hi) const {
+        z = w / tiles;
+        tile_coords(g, tiles_m, tiles_n, w - z * tiles, tm, tn);
+        lo = (int)((long long)z * steps / splits);
+        hi = (int)((long long)(z + 1) * steps / splits);
     }
 };
 
-// ---- the producer: day 16's, over each item's steps lo .. hi - 1
+// ---- the producer: day 16's, over each unit's steps lo .. hi - 1
 template <int BM, int BN, int STAGES>
 __device__ __forceinline__ void produce_split(const CUtensorMap* xmap, const CUtensorMap* wmap, const Geometry& g,
                                               const Barriers& bar, const SplitScheduler& sch, int tid) {
     using R = Ring<BM, BN, STAGES>;
     unsigned char* ring = smem_raw + R::offset();
     if (tid != 0) return;
-    int u = 0;  // loads issued so far, over every item of this block
+    int u = 0;  // loads issued so far, over every unit of this block
     for (int w = sch.first; w < sch.count; w += sch.step) {
-        int tm, tn, s, lo, hi;
-        sch.item(w, tm, tn, s, lo, hi);
+        int tm, tn, z, lo, hi;
+        sch.unit(w, tm, tn, z, lo, hi);
         if (lo == hi) continue;  // no steps (never with splits <= steps: Python checks); the consumers skip it too
         int n0, h0, w0;
         tile_origin(g, tm * BM, n0, h0, w0);
@@ -188,7 +189,7 @@ __device__ __forceinline__ void store_partial(const float (&acc)[MT][BN / 2], co
         }
 }
 
-// ---- a consumer warpgroup (group 0 or 1): its 64 MT rows of every item of the block
+// ---- a consumer warpgroup (group 0 or 1): its 64 MT rows of every unit of the block
 template <int BM, int BN, int MT, int STAGES, bool BF16>
 __device__ __forceinline__ void consume_split(const Geometry& g, float* part, const Barriers& bar,
                                               const SplitScheduler& sch, int tid, int group) {
@@ -197,8 +198,8 @@ __device__ __forceinline__ void consume_split(const Geometry& g, float* part, co
     const int lane_t = tid % 128;
     int u = 0;  // the ring's slot uses so far
     for (int w = sch.first; w < sch.count; w += sch.step) {
-        int tm, tn, s, lo, hi;
-        sch.item(w, tm, tn, s, lo, hi);
+        int tm, tn, z, lo, hi;
+        sch.unit(w, tm, tn, z, lo, hi);
         if (lo == hi) continue;  // as the producer: no ring step, no release
         float acc[MT][BN / 2] = {};
 #pragma unroll
@@ -216,11 +217,11 @@ __device__ __forceinline__ void consume_split(const Geometry& g, float* part, co
         if (lane_t % 32 == 0) mbar_arrive(bar.empty((u - 1) % STAGES));
 #pragma unroll
         for (int j = 0; j < MT; ++j) fence_regs(acc[j]);
-        store_partial<BN, MT>(acc, g, part + (idx_t)s * g.M * g.K, tm * BM + group * MT * 64, tn * BN, lane_t);
+        store_partial<BN, MT>(acc, g, part + (idx_t)z * g.M * g.K, tm * BM + group * MT * 64, tn * BN, lane_t);
     }
 }
 
-// ---- the kernel: the barriers, the items, then each warpgroup's role (day 16's PERSISTENT layout:
+// ---- the kernel: the barriers, the units, then each warpgroup's role (day 16's PERSISTENT layout:
 // a producer warpgroup and two consumers of 64 MT rows each)
 template <int BN, int MT, int STAGES, bool BF16>
 __device__ __forceinline__ void igemm_split_k(const CUtensorMap* xmap, const CUtensorMap* wmap, float* part,
@@ -285,7 +286,7 @@ __device__ __forceinline__ float epilogue_value(float v, int e, int k, const u16
     return relu && v < 0.0f ? 0.0f : v;  // v < 0 ? 0 : v keeps a NaN a NaN, as torch.relu does
 }
 
-// M K < 2^31 (Python checks): element and vector indices are ints; a split's offset s M K is not.
+// M K < 2^31 (Python checks): element and vector indices are ints; a split's offset z M K is not.
 template <bool BF16>
 __device__ __forceinline__ void split_k_reduce(const float* __restrict__ part, u16* y, const u16* cin,
                                                const u16* __restrict__ bias, int M, int K,
@@ -295,8 +296,8 @@ __device__ __forceinline__ void split_k_reduce(const float* __restrict__ part, u
         for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < plane / 8; v += stride) {
             const int e = 8 * v, k = e % K;
             float sum[8] = {};
-            for (int s = 0; s < splits; ++s) {
-                const float4* src = reinterpret_cast<const float4*>(part + (idx_t)s * plane + e);
+            for (int z = 0; z < splits; ++z) {
+                const float4* src = reinterpret_cast<const float4*>(part + (idx_t)z * plane + e);
                 const float4 a = src[0], b = src[1];
                 sum[0] += a.x, sum[1] += a.y, sum[2] += a.z, sum[3] += a.w;
                 sum[4] += b.x, sum[5] += b.y, sum[6] += b.z, sum[7] += b.w;
@@ -313,7 +314,7 @@ __device__ __forceinline__ void split_k_reduce(const float* __restrict__ part, u
     }
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < plane; e += stride) {
         float sum = 0.0f;
-        for (int s = 0; s < splits; ++s) sum += part[(idx_t)s * plane + e];
+        for (int z = 0; z < splits; ++z) sum += part[(idx_t)z * plane + e];
         const float v = epilogue_value<BF16>(sum, e, e % K, cin, bias, alpha, beta, relu);
         y[e] = (u16)(pack2<BF16>(v, v) & 0xFFFF);  // the low half: the first value
     }

@@ -2,7 +2,7 @@
 
 * every split entry at 2, 3 and 5 splits (the last range longer than the others where steps do not
   divide) on day 16's check problems, fp16 and bf16, normal and integer (bit-exact) inputs;
-* a grid of one block, so one block walks every item of every split and the ring runs on across them;
+* a grid of one block, so one block walks every unit of every split and the ring runs on across them;
 * the fused epilogue in the reduction (bias, alpha, beta, in-place Cin, ReLU);
 * a NaN-poisoned workspace: every partial is written before the reduction reads it;
 * the rule's variant on ResNet-50's N = 32 layers it splits;
@@ -69,8 +69,8 @@ def test_every_split_entry(name, p, kind):
 
 @pytest.mark.parametrize("tile", ENTRIES, ids=lambda t: t.name)
 def test_one_block_walks_every_item(tile):
-    """The main launch on a grid of one block: it takes every item of every split in turn, so its
-    ring's phases run on across items and splits."""
+    """The main launch on a grid of one block: it takes every unit of every split in turn, so its
+    ring's phases run on across units and splits."""
     p = MULTI_TILE_PROBLEMS[1]
     v = make_split_k(f"igemm_split_k[{tile.name}_k3]", SplitConfig(tile, 3))
     one = replace(v, name=f"{v.name}_grid1", launches_fn=lambda q, ep, cfg: [
