@@ -273,3 +273,12 @@ def assert_launches_match_signatures(sigs: dict, variants, problems) -> None:
                 for par, arg in zip(params, k.args):
                     assert ("*" in par) == isinstance(arg, Buffer), (k.entry, par, arg)
                     assert "*" in par or (par.startswith("int ") and type(arg) is np.int32), (k.entry, par, arg)
+
+
+def assert_check_ok(r, p, kind: str) -> None:
+    """A `helpers.check.check` result passed: ok, no NaN/Inf, a second launch bitwise equal, and
+    integer inputs bit-exact (the GPU tests of days 13, 16 and 22)."""
+    assert r.ok, f"{r.variant} on {p.dtype} {p.name} ({kind}): {r.reason}"
+    assert r.nonfinite == 0 and r.repeat_bitwise
+    if kind == "int":
+        assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"

@@ -23,6 +23,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_check_ok
 
 from days.day13_igemm_production import INSTANTIATED, choose, make_production
 from days.kit import TENSOR_CORE_CC as MIN_CC
@@ -61,13 +62,6 @@ def context():
 def kinds_for(p: Conv2dProblem, cancel: bool = True) -> list[str]:
     """normal and int always; cancel (exact result 0) when C is even."""
     return ["normal", "int"] + (["cancel"] if cancel and p.C % 2 == 0 else [])
-
-
-def _assert_ok(r, p: Conv2dProblem, kind: str) -> None:
-    assert r.ok, f"{r.variant} on {p.dtype} {p.name} ({kind}): {r.reason}"
-    assert r.nonfinite == 0 and r.repeat_bitwise
-    if kind == "int":
-        assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"
 
 
 # ---- every (tile, iterator) pair ------------------------------------------------------------
@@ -115,7 +109,7 @@ def test_every_tile_and_iterator(tile, iterator, p, kind):
     if reason:
         pytest.skip(reason)
     assert v.entry_for(p) == f"igemm_production_{tile}_{iterator}_{p.dtype}"
-    _assert_ok(check(v, p, kind=kind), p, kind)
+    assert_check_ok(check(v, p, kind=kind), p, kind)
 
 
 # ---- the automatic variant on the edge suite ------------------------------------------------
@@ -135,7 +129,7 @@ def test_edge_suite(p, kind):
     reason = V.supports(p, smem_limit=smem_limit())
     if reason:
         pytest.skip(reason)
-    _assert_ok(check(V, p, kind=kind), p, kind)
+    assert_check_ok(check(V, p, kind=kind), p, kind)
 
 
 # ---- swizzle --------------------------------------------------------------------------------
@@ -152,7 +146,7 @@ SWIZZLE_PROBLEMS = [
 def test_swizzle(p, swizzle, kind):
     v = make_production(name=f"igemm_production[swizzle={swizzle}]", tile="64x64x32_w2x2_s4", swizzle=swizzle)
     assert v.launch(p).grid[1] == -(-5 // 2**swizzle)
-    _assert_ok(check(v, p, kind=kind), p, kind)
+    assert_check_ok(check(v, p, kind=kind), p, kind)
 
 
 @pytest.mark.parametrize("p", SWIZZLE_PROBLEMS, ids=lambda p: p.name)
@@ -194,7 +188,7 @@ EPILOGUE_CASES = [
 def test_epilogue(p, ep, kw):
     r = check_epilogue(V, p, ep, **kw)
     assert r.variant == V.name
-    _assert_ok(r, p, kw.get("kind", "normal"))
+    assert_check_ok(r, p, kw.get("kind", "normal"))
 
 
 def test_int_inputs_with_non_integer_alpha_beta_are_judged_by_the_bound():
@@ -214,7 +208,7 @@ def test_epilogue_every_tile(tile, iterator):
         pytest.skip(reason)
 
     r = check_epilogue(v, p, Epilogue(alpha=2.0, beta=-1.0, relu=True), kind="int")
-    _assert_ok(r, p, "int")
+    assert_check_ok(r, p, "int")
 
 
 @pytest.mark.parametrize("p", [P_OPT, P_ODD, P_ANA, P_FEW], ids=lambda p: p.name)
@@ -271,7 +265,7 @@ def test_filters_past_16_taps_run_on_the_analytic_iterator(dt):
     p = nhwc(N=2, C=16, H=21, W=11, K=24, R=17, S=3, padding=(8, 1), dtype=dt)
     assert choose(p).iterator == "analytic"
     for kind in kinds_for(p):
-        _assert_ok(check(V, p, kind=kind), p, kind)
+        assert_check_ok(check(V, p, kind=kind), p, kind)
 
 
 def test_forced_few_channels_refuses_c64():

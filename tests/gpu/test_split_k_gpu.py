@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import assert_check_ok
 
 from days.day16_igemm_wgmma import CHECK_PROBLEMS, HOPPER_CC, MULTI_TILE_PROBLEMS
 from days.day22_split_k import ENTRIES, SplitConfig, choose, dgrad_choose, make_dgrad_split_k, make_split_k, steps_of
@@ -47,13 +48,6 @@ def context():
     return ctx
 
 
-def _assert_ok(r, p, kind: str) -> None:
-    assert r.ok, f"{r.variant} on {p.dtype} {p.name} ({kind}): {r.reason}"
-    assert r.nonfinite == 0 and r.repeat_bitwise
-    if kind == "int":
-        assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"
-
-
 CASES = [pytest.param(name, replace(p, dtype=dt, name=""), kind, id=f"{name}-{dt}-{p.name}-{kind}")
          for name in FORCED for p in CHECK_PROBLEMS + MULTI_TILE_PROBLEMS for dt in DTYPES
          for kind in ("normal", "int")]
@@ -64,7 +58,7 @@ def test_every_split_entry(name, p, kind):
     v = FORCED[name]
     if v.supports(p, smem_limit=2**31) is not None:
         pytest.skip(v.supports(p, smem_limit=2**31))
-    _assert_ok(check(v, p, kind=kind), p, kind)
+    assert_check_ok(check(v, p, kind=kind), p, kind)
 
 
 @pytest.mark.parametrize("tile", ENTRIES, ids=lambda t: t.name)
@@ -77,7 +71,7 @@ def test_one_block_walks_every_item(tile):
         replace(k, config=replace(k.config, grid=(1, 1, 1))) if k.name == "main" else k
         for k in v.launches_fn(q, ep, cfg)])
     for kind in ("normal", "int"):
-        _assert_ok(check(one, p, kind=kind), p, kind)
+        assert_check_ok(check(one, p, kind=kind), p, kind)
 
 
 EPILOGUES = [
@@ -93,7 +87,7 @@ EPILOGUES = [
 def test_epilogue_in_the_reduction(K, case, ep, kw):
     p = replace(CHECK_PROBLEMS[1], K=K, name="")
     v = FORCED[f"{ENTRIES[2].name}_k3"]
-    _assert_ok(check_epilogue(v, p, ep, **kw), p, kw.get("kind", "normal"))
+    assert_check_ok(check_epilogue(v, p, ep, **kw), p, kw.get("kind", "normal"))
 
 
 def test_nan_poisoned_workspace_is_never_read_before_written():
@@ -120,7 +114,7 @@ def _split_layers():
 @pytest.mark.parametrize("p", list(_split_layers()))
 def test_the_rule_on_resnet50_layers_it_splits(p):
     assert steps_of(p) >= 2
-    _assert_ok(check(get("igemm_split_k"), p, kind="int"), p, "int")
+    assert_check_ok(check(get("igemm_split_k"), p, kind="int"), p, "int")
 
 
 # dgrad: day 18's unit-stride problems with the split forced (C odd: the rotate kernel loads w
@@ -143,7 +137,7 @@ def test_dgrad_with_the_split(case, kind, splits):
     reason = v.supports(p, smem_limit=2**31)
     if reason:
         pytest.skip(reason)
-    _assert_ok(check(v, p, kind=kind), p, kind)
+    assert_check_ok(check(v, p, kind=kind), p, kind)
 
 
 def test_dgrad_rule_on_resnet50_layers_it_splits():
@@ -151,4 +145,4 @@ def test_dgrad_rule_on_resnet50_layers_it_splits():
     split = [p for p in layers if isinstance(dgrad_choose(p), SplitConfig)]
     assert split
     for p in split:
-        _assert_ok(check(get("dgrad_split_k"), p, kind="int"), p, "int")
+        assert_check_ok(check(get("dgrad_split_k"), p, kind="int"), p, "int")

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TRAIN_VARIANTS, driver_like_offsets, train_layers
+from conftest import TRAIN_VARIANTS, assert_check_ok, driver_like_offsets, train_layers
 
 from days.day16_igemm_wgmma import (
     BEYOND_LIMITS,
@@ -65,13 +65,6 @@ def context():
     return ctx
 
 
-def _assert_ok(r, p, kind: str) -> None:
-    assert r.ok, f"{r.variant} on {p.dtype} {p.name} ({kind}): {r.reason}"
-    assert r.nonfinite == 0 and r.repeat_bitwise
-    if kind == "int":
-        assert r.exact is True, f"{r.variant} on {p.dtype} {p.name}: integer inputs but not bit-exact"
-
-
 def _cases(names, problems) -> list:
     """(variant name, problem in each dtype, input kind) for every name and problem."""
     return [
@@ -88,7 +81,7 @@ CASES = _cases(FORCED, CHECK_PROBLEMS)
 
 @pytest.mark.parametrize("name, p, kind", CASES)
 def test_every_configuration(name, p, kind):
-    _assert_ok(check(FORCED[name], p, kind=kind), p, kind)
+    assert_check_ok(check(FORCED[name], p, kind=kind), p, kind)
 
 
 def _edge_cases():
@@ -109,7 +102,7 @@ MULTI_TILE_CASES = _cases(CAPPED, MULTI_TILE_PROBLEMS)
 
 @pytest.mark.parametrize("name, p, kind", MULTI_TILE_CASES)
 def test_several_tiles_per_block(name, p, kind):
-    _assert_ok(check(CAPPED[name], p, kind=kind), p, kind)
+    assert_check_ok(check(CAPPED[name], p, kind=kind), p, kind)
 
 
 def test_several_tiles_per_block_with_the_fused_epilogue():
@@ -118,7 +111,7 @@ def test_several_tiles_per_block_with_the_fused_epilogue():
     v = capped("pingpong_128x128_c2_s6", 1)
     p = MULTI_TILE_PROBLEMS[1]
     r = check_epilogue(v, p, Epilogue(alpha=1.0, beta=1.0, relu=True), in_place=True)
-    _assert_ok(r, p, "normal")
+    assert_check_ok(r, p, "normal")
 
 
 def test_the_edge_suite_has_problems_for_it():
@@ -128,7 +121,7 @@ def test_the_edge_suite_has_problems_for_it():
 @pytest.mark.parametrize("p", EDGE)
 @pytest.mark.parametrize("kind", ["normal", "int", "cancel"])
 def test_edge_suite(p, kind):
-    _assert_ok(check(V, p, kind=kind), p, kind)
+    assert_check_ok(check(V, p, kind=kind), p, kind)
 
 
 P_EVEN = Conv2dProblem(layout="NHWC", dtype="fp16", N=2, C=64, H=15, W=13, K=72, R=3, S=3, padding=1)
@@ -155,7 +148,7 @@ EPILOGUE_CASES = [
 @pytest.mark.parametrize("case, p, ep, kw", [pytest.param(*c, id=c[0]) for c in EPILOGUE_CASES])
 def test_epilogue(name, case, p, ep, kw):
     r = check_epilogue(FORCED[name], p, ep, **kw)
-    _assert_ok(r, p, kw.get("kind", "normal"))
+    assert_check_ok(r, p, kw.get("kind", "normal"))
 
 
 @pytest.mark.parametrize("p, why", BEYOND_LIMITS, ids=[w for _, w in BEYOND_LIMITS])
