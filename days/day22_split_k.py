@@ -116,6 +116,7 @@ class SplitConfig:
         return f"{self.tile.name}_k{self.splits}"
 
     def entry(self, dtype: str) -> str:
+        """The kernel's entry point: ``igemm_split_k_<BM>x<BN>_c2_s<STAGES>_<fp16|bf16>``."""
         t = self.tile
         return f"igemm_split_k_{t.bm}x{t.bn}_c2_s{t.stages}_{dtype}"
 
@@ -247,6 +248,7 @@ def reduce_model(p: Conv2dProblem, x: torch.Tensor, w: torch.Tensor, cfg: SplitC
 
 
 def tile_efficiency(tile: WgmmaConfig) -> float:
+    """The tile's rate per FLOP relative to 128 x 256 (`TILE_EFFICIENCY`; 0.7 for a tile it does not list)."""
     return TILE_EFFICIENCY.get((tile.bm, tile.bn), 0.7)
 
 

@@ -98,9 +98,9 @@ def load_kernel(
         entry: the ``extern "C" __global__`` function's name.
         defines: compile-time parameters passed as ``-D`` flags.
         arch: the ``-arch`` target (e.g. ``"sm_90a"``); default the device's own (``sm_XY``).
-        dynamic_smem: dynamic shared bytes the caller will launch with; above 48 KB the kernel
-            is opted in with ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the
-            device's opt-in limit).
+        dynamic_smem: dynamic shared bytes the caller will launch with; where they, or they and the
+            static bytes together, pass 48 KB, the kernel is opted in with
+            ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (static + dynamic must fit the device's opt-in limit).
         params: the number of parameters to ask the driver the offsets of (``param_offsets``; 0:
             none): kernels that take a tensor map need them (`helpers.tma.kernel_args`).
 
@@ -130,7 +130,7 @@ def load_kernel(
             f"{cu_file}:{entry} needs {static} B static + {dynamic_smem} B dynamic shared memory; "
             f"{info.name} allows {info.smem_per_block_optin} B per block"
         )
-    if dynamic_smem > 48 * 1024:
+    if needs_opt_in(static, dynamic_smem):
         fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     return CompiledKernel(
         function=fn,
@@ -148,6 +148,19 @@ def _offsets_of(key: tuple, entry: str, count: int) -> tuple[int, ...]:
     if k not in _offsets:
         _offsets[k] = param_offsets(_cubins[key], entry, count)
     return _offsets[k]
+
+
+DEFAULT_SMEM = 48 * 1024  # shared bytes a block may use without opting in
+
+
+def needs_opt_in(static: int, dynamic: int) -> bool:
+    """Whether a launch with ``dynamic`` shared bytes of a kernel with ``static`` ones must first raise
+    the kernel's ``MAX_DYNAMIC_SHARED_SIZE_BYTES``: when the dynamic bytes, or the static and dynamic
+    together, pass 48 KB (the attribute's default is what 48 KB leaves beside the static bytes).
+
+    Source: NVIDIA, CUDA C++ Programming Guide, "Shared Memory" (allocations over 48 KB per block
+    need dynamic shared memory and an explicit opt-in, ``cudaFuncSetAttribute``)."""
+    return dynamic > 0 and static + dynamic > DEFAULT_SMEM
 
 
 def _module_key(cu_file: str, defines: dict | None, arch: str) -> tuple:

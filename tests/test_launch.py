@@ -188,3 +188,12 @@ def test_a_stream_of_helpers_gpu_stream_is_launched_on(monkeypatch):
     current.cuda_stream = 0x71
     with pytest.raises(RuntimeError, match="helpers.gpu.stream"):
         hl._check_stream("cuda:0")
+
+
+def test_a_launch_past_48_kb_in_all_opts_in():
+    """Static and dynamic shared memory count together against the 48 KB a block gets without opting in
+    (a kernel of 46 KB static launched with 20 KB of dynamic needs the attribute, as one of 60 KB dynamic does)."""
+    from helpers.compile import needs_opt_in
+
+    assert needs_opt_in(0, 60 * 1024) and needs_opt_in(46 * 1024, 20 * 1024)
+    assert not needs_opt_in(46 * 1024, 0) and not needs_opt_in(16 * 1024, 32 * 1024) and not needs_opt_in(0, 48 * 1024)
