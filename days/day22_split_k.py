@@ -28,8 +28,8 @@ the maps' limits, 32-bit indices), splits outside 1 .. steps (an empty split), M
 reduction's loop past 32 bits, a workspace over `WORKSPACE_LIMIT`, and the 32-bit ring counter.
 
 Sources: NVIDIA CUTLASS, ``docs/efficient_gemm.md`` (parallelised reductions: split-K with a
-separate reduction kernel, "serial" split-K through a semaphore, which depends on block order and
-is not used here).
+separate reduction kernel; "serial" split-K, whose blocks take turns on a semaphore in split order:
+deterministic too, but each waits for the one before, and not used here).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ REDUCE_BLOCKS_PER_SM = 8  # the reduction's grid-stride loop: at most 8 blocks o
 MAX_SPLITS = 16
 MIN_SPLIT_STEPS = 4  # no split under 4 GEMM-K steps of 64 channels each: the ring needs steps to fill
 WORKSPACE_LIMIT = 2 * 2**30  # the most fp32 partials a run may ask for (bytes)
-# A tile's rate per FLOP relative to 128 x 256 (day 16's notes: 128 x 64 runs at about 0.7 of it;
-# 128 x 128 in between). Not fitted here.
+# A tile's rate per FLOP relative to 128 x 256: a guess, not fitted (day 16's notes put 128 x 64 at about 0.7 of
+# 128 x 128's rate, which would make it nearer 0.6 here; the rule's picks on ResNet-50 are the same either way).
 TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.85, (128, 64): 0.7, (256, 64): 0.8,
                    (64, 256): 0.8}
 L2_FLOP_PER_BYTE = 80.0  # the rule's balance for the partials (written, then read back, mostly from L2): an

@@ -272,7 +272,7 @@ SPLIT_ENTRY(256, 128, 2, 4)
 SPLIT_ENTRY(128, 128, 1, 6)
 SPLIT_ENTRY(128, 64, 1, 8)
 
-// ---- the reduction: every output element sums its S partials in split order, then day 13's
+// ---- the reduction: every output element sums its partials (one per split) in split order, then day 13's
 // epilogue act(alpha sum + beta Cin + bias) in fp32 (alpha = 1, no bias, Cin or ReLU: the sum
 // itself; a missing bias adds -0, which changes no value), rounded once to y's type. A grid-stride
 // loop over vectors of 8 consecutive elements of the M x K output: two 16-byte loads per split,
