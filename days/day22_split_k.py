@@ -252,18 +252,23 @@ def tile_efficiency(tile: WgmmaConfig) -> float:
     return TILE_EFFICIENCY.get((tile.bm, tile.bn), 0.7)
 
 
+def split_cost_terms(p: Conv2dProblem, tile: WgmmaConfig, splits: int, sms: int) -> dict[str, float]:
+    """`split_cost`'s three terms by name: "main", "partials" and "launch" (the last two 0 without a split)."""
+    units = tile_count(p, tile) * splits
+    main = cdiv(units, sms) * cdiv(steps_of(p), splits) * 2 * tile.bm * tile.bn * BK / tile_efficiency(tile)
+    if splits == 1:
+        return {"main": main, "partials": 0.0, "launch": 0.0}
+    return {"main": main, "partials": 8 * p.gemm.m * p.K * splits * L2_FLOP_PER_BYTE / sms,
+            "launch": REDUCE_LAUNCH_US * SM_TFLOPS * 1e6}
+
+
 def split_cost(p: Conv2dProblem, tile: WgmmaConfig, splits: int, sms: int) -> float:
     """The model `choose` minimises, in FLOP-equivalents of one SM's tensor cores: the busiest
     SM's units (ceil(units / sms), an unit being a tile's ceil(steps / splits) steps of 2·BM·BN·64
     FLOP, divided by the tile's `TILE_EFFICIENCY`), plus with splits > 1 the partials' 8 bytes per
     element and split (written, read back) at `L2_FLOP_PER_BYTE` spread over the SMs, and the
     reduction's launch (`REDUCE_LAUNCH_US` at one SM's rate). A model of the shape, not a fit."""
-    units = tile_count(p, tile) * splits
-    main = cdiv(units, sms) * cdiv(steps_of(p), splits) * 2 * tile.bm * tile.bn * BK / tile_efficiency(tile)
-    if splits == 1:
-        return main
-    extra = 8 * p.gemm.m * p.K * splits * L2_FLOP_PER_BYTE / sms
-    return main + extra + REDUCE_LAUNCH_US * SM_TFLOPS * 1e6
+    return sum(split_cost_terms(p, tile, splits, sms).values())
 
 
 def choose(p: Conv2dProblem, sms: int | None = None) -> WgmmaConfig | SplitConfig:
